@@ -1,0 +1,1 @@
+"""Calibration: measure the engine, fit latency tables, validate the simulator against it."""

@@ -1,0 +1,243 @@
+"""`servesim capacity`: the back-of-envelope sheet, every term shown with its numbers.
+
+The report is a plain dict built by a pure function, so the text, the JSON
+and the tests all read the same numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sim.specs import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    HardwareSpec,
+    ModelSpec,
+    activation_reserve_bytes,
+    check_tp,
+    decode_step_floor_s,
+    flops_per_token,
+    get_hardware,
+    get_model,
+    kv_budget_bytes,
+    kv_bytes_per_token,
+    kv_heads_per_gpu,
+    max_concurrency,
+    max_kv_tokens,
+    memory_bound_crossover_batch,
+    model_from_fields,
+    weights_bytes,
+    weights_read_bytes,
+)
+
+DEFAULT_MODEL = "llama-3-8b"
+_GIB = 1024**3
+
+
+def capacity_report(model: ModelSpec, hw: HardwareSpec, tp: int = 1, context_tokens: int = 8192,
+                    batch_size: int = 32, memory_utilization: float = 0.9,
+                    dtype_bytes: float = 2, block_size: int = 16,
+                    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> dict[str, Any]:
+    """Every capacity term for `model` on `tp` x `hw`, per GPU, in bytes, seconds and counts."""
+    kv_token = kv_bytes_per_token(model, dtype_bytes, tp)
+    weights = weights_bytes(model, dtype_bytes, tp)
+    activations = activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs,
+                                           dtype_bytes, tp)
+    kv_batch = kv_token * context_tokens * batch_size
+    blocks_per_seq = -(-context_tokens // block_size)
+    kv_tokens = max_kv_tokens(model, hw, tp, memory_utilization, activations, dtype_bytes,
+                              block_size)
+    concurrency = max_concurrency(model, hw, context_tokens, tp, memory_utilization, block_size,
+                                  dtype_bytes, activations)
+    crossover = memory_bound_crossover_batch(model, hw, context_tokens, tp, dtype_bytes)
+    bw = hw.memory_bandwidth_bytes_per_s
+    return {
+        "model": model.name, "gpu": hw.name, "tp": tp, "context_tokens": context_tokens,
+        "batch_size": batch_size, "memory_utilization": memory_utilization,
+        "dtype_bytes": dtype_bytes, "block_size": block_size,
+        "num_layers": model.num_layers, "kv_heads_per_gpu": kv_heads_per_gpu(model, tp),
+        "head_dim": model.head_dim,
+        "total_params": model.total_params, "active_params": model.active_params,
+        "kv_bytes_per_token": kv_token,
+        "kv_bytes_context_batch": kv_batch,
+        "weights_bytes_per_gpu": weights,
+        "gpu_memory_bytes": hw.memory_bytes,
+        "usable_memory_bytes": hw.memory_bytes * memory_utilization,
+        "activation_reserve_bytes": activations,
+        "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+        "kv_budget_bytes": kv_budget_bytes(model, hw, tp, memory_utilization, activations,
+                                           dtype_bytes),
+        "kv_budget_tokens": kv_tokens,
+        "kv_budget_blocks": kv_tokens // block_size,
+        "blocks_per_seq": blocks_per_seq,
+        "max_concurrency": concurrency,
+        "batch_fits": batch_size <= concurrency,
+        "decode_weights_read_bytes": weights_read_bytes(model, batch_size, dtype_bytes, tp),
+        "memory_bandwidth_bytes_per_s": bw,
+        "decode_step_floor_s": decode_step_floor_s(model, hw, batch_size, context_tokens, tp,
+                                                   dtype_bytes),
+        "decode_compute_per_seq_s": flops_per_token(model, context_tokens, tp)
+        / hw.bf16_flops_per_s,
+        "decode_kv_read_per_seq_s": kv_token * context_tokens / bw,
+        "crossover_batch": None if math.isinf(crossover) else crossover,
+        "kv_to_weights_ratio": kv_batch / weights,
+    }
+
+
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / _GIB:,.2f} GiB"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.3f} ms"
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """The report as aligned text: label, formula with numbers plugged in, result."""
+    ctx, batch, dtype = r["context_tokens"], r["batch_size"], r["dtype_bytes"]
+    heads = r["kv_heads_per_gpu"]
+    fits = "fits" if r["batch_fits"] else "does NOT fit"
+    if r["crossover_batch"] is None:
+        crossover = (f"never: each sequence's KV read ({_ms(r['decode_kv_read_per_seq_s'])}) "
+                     f"outlasts its compute ({_ms(r['decode_compute_per_seq_s'])}), "
+                     "so decode stays memory-bound at any batch")
+    else:
+        reach = "reachable" if r["crossover_batch"] <= r["max_concurrency"] else (
+            f"beyond the {r['max_concurrency']} sequences that fit")
+        crossover = (f"batch {r['crossover_batch']:,.1f} (compute time = HBM time; {reach}; "
+                     f"per sequence {_ms(r['decode_compute_per_seq_s'])} compute vs "
+                     f"{_ms(r['decode_kv_read_per_seq_s'])} KV read)")
+    rows = [
+        ("setup", f"{r['model']} on {r['tp']} x {r['gpu']}, {dtype:g}-byte weights and KV, "
+                  f"context {ctx:,} x batch {batch:,} (all figures per GPU)"),
+        ("params", f"{r['total_params'] / 1e9:,.2f} B total, "
+                   f"{r['active_params'] / 1e9:,.2f} B active per token"),
+        ("KV per token", f"2 x {r['num_layers']} layers x {heads} kv_heads x {r['head_dim']} "
+                         f"head_dim x {dtype:g} B = {r['kv_bytes_per_token']:,.0f} B"),
+        ("KV ctx x batch", f"{r['kv_bytes_per_token']:,.0f} B x {ctx:,} tokens x {batch:,} seqs "
+                           f"= {_gib(r['kv_bytes_context_batch'])}"),
+        ("weights", f"{r['total_params'] / 1e9:,.2f} B params x {dtype:g} B / {r['tp']} GPU(s) "
+                    f"(norms replicated) = {_gib(r['weights_bytes_per_gpu'])}"),
+        ("activations", f"{r['max_num_batched_tokens']:,} batched tokens' layer buffers + "
+                        f"fp32 logits for {r['max_num_seqs']} seqs = "
+                        f"{_gib(r['activation_reserve_bytes'])}"),
+        ("KV budget", f"{_gib(r['gpu_memory_bytes'])} x {r['memory_utilization']:g} - "
+                      f"{_gib(r['weights_bytes_per_gpu'])} weights - "
+                      f"{_gib(r['activation_reserve_bytes'])} activations = "
+                      f"{_gib(r['kv_budget_bytes'])} = {r['kv_budget_blocks']:,} blocks x "
+                      f"{r['block_size']} = {r['kv_budget_tokens']:,} tokens"),
+        ("max concurrency", f"{r['kv_budget_blocks']:,} blocks / {r['blocks_per_seq']:,} blocks "
+                            f"per {ctx:,}-token sequence = {r['max_concurrency']:,} sequences "
+                            f"(batch {batch:,} {fits})"),
+        ("decode floor", f"({_gib(r['decode_weights_read_bytes'])} weights + "
+                         f"{_gib(r['kv_bytes_context_batch'])} KV) / "
+                         f"{r['memory_bandwidth_bytes_per_s'] / 1e12:,.2f} TB/s = "
+                         f"{_ms(r['decode_step_floor_s'])} per step at batch {batch:,}"),
+        ("crossover", crossover),
+        ("KV / weights", f"{_gib(r['kv_bytes_context_batch'])} / "
+                         f"{_gib(r['weights_bytes_per_gpu'])} = "
+                         f"{r['kv_to_weights_ratio']:,.2f}"),
+    ]
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
+
+
+def _number(kind: Callable[[str], float], flag: str, text: str, allowed: str,
+            ok: Callable[[float], bool]) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise ValueError(f"{flag} {text!r}: must be {allowed}")
+    return value
+
+
+def _positive_int(flag: str, text: str) -> int:
+    return _number(int, flag, text, "a positive integer", lambda v: v > 0)
+
+
+def _parse_field(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--model-field {text!r}: must be KEY=VALUE, e.g. num_layers=40")
+    return key.strip(), value.strip()
+
+
+def _load_model(args: argparse.Namespace) -> ModelSpec:
+    fields: dict[str, Any] = {}
+    if args.model_file:
+        path = Path(args.model_file)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as err:
+            raise ValueError(f"--model-file {str(path)!r}: cannot read: {err}") from None
+        if not isinstance(loaded, dict):
+            raise ValueError(f"--model-file {str(path)!r}: must hold a mapping of model fields")
+        fields.update(loaded)
+    fields.update(_parse_field(text) for text in args.model_fields)
+    if not fields:
+        return get_model(args.model or DEFAULT_MODEL)
+    if args.model and "base" not in fields:
+        fields["base"] = args.model
+    return model_from_fields(fields)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report; bad input is one line on stderr and exit status 2."""
+    try:
+        model = _load_model(args)
+        hw = get_hardware(args.gpu)
+        tp = _positive_int("--gpus", args.gpus)
+        try:
+            check_tp(model, tp)
+        except ValueError as err:
+            raise ValueError(f"--gpus {tp}: {err}") from None
+        report = capacity_report(
+            model, hw,
+            tp=tp,
+            context_tokens=_positive_int("--context", args.context),
+            batch_size=_positive_int("--batch", args.batch),
+            memory_utilization=_number(float, "--memory-utilization", args.memory_utilization,
+                                       "a fraction in (0, 1]", lambda v: 0 < v <= 1),
+            dtype_bytes=_number(float, "--dtype-bytes", args.dtype_bytes,
+                                "a positive number of bytes (2 = bf16, 1 = fp8)",
+                                lambda v: 0 < v < math.inf),
+            block_size=_positive_int("--block-size", args.block_size),
+        )
+    except ValueError as err:
+        print(f"servesim capacity: error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `capacity`; numbers are parsed in `run` so bad ones get a one-line error."""
+    p = subparsers.add_parser(
+        "capacity", help="KV, weights, memory budget, decode floor and concurrency for a model",
+        description="Back-of-envelope serving capacity, every term with its formula.")
+    p.add_argument("--model", help=f"catalogue model (default {DEFAULT_MODEL}); with "
+                                    "--model-field/--model-file it is the base to override")
+    p.add_argument("--model-file", help="YAML/JSON mapping of ModelSpec fields (may set base)")
+    p.add_argument("--model-field", dest="model_fields", action="append", default=[],
+                   metavar="KEY=VALUE", help="a ModelSpec field, e.g. num_layers=40 (repeatable)")
+    p.add_argument("--gpu", default="h100-sxm", help="catalogue GPU (default h100-sxm)")
+    p.add_argument("--gpus", default="1", help="tensor-parallel GPU count (default 1)")
+    p.add_argument("--context", default="8192", help="tokens per sequence (default 8192)")
+    p.add_argument("--batch", default="32", help="concurrent sequences (default 32)")
+    p.add_argument("--memory-utilization", default="0.9",
+                   help="fraction of GPU memory the server may use (default 0.9)")
+    p.add_argument("--dtype-bytes", default="2", help="bytes per weight/KV value (default 2)")
+    p.add_argument("--block-size", default="16", help="KV block size in tokens (default 16)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run)

@@ -1,0 +1,21 @@
+"""The serving core shared by the simulator and the real engine.
+
+Plain Python only: importing this package must load neither simpy nor torch,
+and nothing here reads a clock (time always comes in as `now`).
+"""
+
+from sim.core.kv import KVBudget, PagedBlockManager, num_kv_blocks
+from sim.core.plan import SeqWork, StepPlan, StepResult, StepShape
+from sim.core.request import Request, RequestState
+
+__all__ = [
+    "KVBudget",
+    "PagedBlockManager",
+    "Request",
+    "RequestState",
+    "SeqWork",
+    "StepPlan",
+    "StepResult",
+    "StepShape",
+    "num_kv_blocks",
+]

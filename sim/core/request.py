@@ -1,0 +1,67 @@
+"""A request's scripted lengths, lifecycle and timestamps.
+
+The scheduler follows vLLM v1's rule: a request *knows* its prompt plus the
+tokens it has emitted, and its *computed* tokens (those with KV in cache)
+catch up to the known ones under the step's token budget. A step that brings
+computed up to known emits one token. Preemption by recompute simply resets
+computed to zero; the same rule then re-prefills prompt and output so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class RequestState(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """Mutable per-request state; kept compact because the hot loop touches it every step."""
+
+    request_id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    prompt_token_ids: tuple[int, ...] | None = None
+    prefix_block_ids: tuple[int, ...] | None = None
+
+    state: RequestState = RequestState.WAITING
+    num_computed_tokens: int = 0
+    num_output_done: int = 0
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    num_preemptions: int = 0
+    prefix_hit_tokens: int = 0
+    rejection_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1:
+            raise ValueError(f"request {self.request_id}: prompt_tokens must be >= 1")
+        if self.output_tokens < 1:
+            raise ValueError(f"request {self.request_id}: output_tokens must be >= 1")
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Prompt plus tokens emitted so far: what the KV must eventually cover."""
+        return self.prompt_tokens + self.num_output_done
+
+    @property
+    def max_kv_tokens(self) -> int:
+        """KV slots held at the end: the last emitted token is never fed back."""
+        return self.prompt_tokens + self.output_tokens - 1
+
+    @property
+    def is_done(self) -> bool:
+        return self.state in (RequestState.FINISHED, RequestState.REJECTED)
+
+    def reject(self, reason: str, now: float) -> None:
+        self.state = RequestState.REJECTED
+        self.rejection_reason = reason
+        self.finish_s = now

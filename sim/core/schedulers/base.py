@@ -1,0 +1,39 @@
+"""What every scheduler offers the two worlds (simulator and engine)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from sim.core.plan import StepPlan, StepResult
+from sim.core.request import Request
+
+
+class Scheduler(Protocol):
+    """The step contract of DESIGN.md; implementations never read a clock."""
+
+    def add(self, request: Request, now: float) -> bool:
+        """Queue a request; False (and the request marked rejected) if it can never run."""
+        ...
+
+    def schedule(self, now: float) -> StepPlan | None:
+        """The next step to run, or None when nothing is runnable."""
+        ...
+
+    def on_step_done(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
+        """Apply a finished step; returns the requests that completed in it."""
+        ...
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When to call schedule() again if it returned None; None = at the next arrival."""
+        ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def kv_blocks_used(self) -> int: ...
+
+    def has_unfinished(self) -> bool: ...

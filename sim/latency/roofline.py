@@ -1,0 +1,163 @@
+"""Roofline step latency: max(compute time, HBM time) plus fixed and collective costs.
+
+Needs nothing but a ModelSpec and a HardwareSpec, so it is the default when no
+calibration table exists. Prefill turns out compute-bound and decode
+memory-bound because of the shapes, not because of any special case: a step
+reads the weights once however many tokens it computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.core.plan import StepShape
+from sim.specs import (
+    HardwareSpec,
+    ModelSpec,
+    allreduce_time_s,
+    attention_flops_per_pair,
+    check_tp,
+    expert_weight_bytes,
+    kv_bytes_per_token,
+    kv_heads_per_gpu,
+    linear_flops_per_token,
+    lm_head_flops_per_seq,
+    weights_read_bytes,
+)
+
+# Per step: scheduler, input prep, sampling and launch gaps of a vLLM-class engine
+# measure ~1-3 ms outside the kernels; calibration replaces this guess.
+DEFAULT_STEP_OVERHEAD_S = 2e-3
+# Large bf16 GEMMs reach 60-75% of dense peak; attention and small shapes less.
+DEFAULT_COMPUTE_EFFICIENCY = 0.6
+# Streaming weight and KV reads reach 80-90% of datasheet HBM bandwidth.
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
+# Fixed cost of one small all-reduce (custom all-reduce / NCCL LL on NVLink).
+DEFAULT_ALLREDUCE_LATENCY_S = 8e-6
+
+
+def _check_fraction(name: str, value: float) -> None:
+    if not 0 < value <= 1:
+        raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineLatency:
+    """Step time from FLOPs and bytes of one step of `model` on `tp` x `hardware`."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    tp: int = 1
+    dtype_bytes: float = 2
+    step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
+    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
+    bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
+    allreduce_latency_s: float = DEFAULT_ALLREDUCE_LATENCY_S
+    name: str = "roofline"
+    # Per-step constants, derived once so step_time is a handful of float ops.
+    _linear_flops_per_token: float = field(init=False, repr=False, compare=False)
+    _lm_head_flops_per_seq: float = field(init=False, repr=False, compare=False)
+    _attn_flops_per_pair: float = field(init=False, repr=False, compare=False)
+    _kv_bytes_per_token: float = field(init=False, repr=False, compare=False)
+    _act_bytes_per_token: float = field(init=False, repr=False, compare=False)
+    _dense_weight_bytes: float = field(init=False, repr=False, compare=False)
+    _expert_bytes: float = field(init=False, repr=False, compare=False)
+    _flops_per_s: float = field(init=False, repr=False, compare=False)
+    _bytes_per_s: float = field(init=False, repr=False, compare=False)
+    _allreduce_bytes_per_token: float = field(init=False, repr=False, compare=False)
+    _allreduce_fixed_s: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        m, tp, dtype = self.model, self.tp, self.dtype_bytes
+        check_tp(m, tp)
+        if not dtype > 0:
+            raise ValueError(f"dtype_bytes must be positive, got {dtype!r}")
+        if not self.step_overhead_s >= 0:
+            raise ValueError(f"step_overhead_s must be >= 0, got {self.step_overhead_s!r}")
+        if not self.allreduce_latency_s >= 0:
+            raise ValueError(f"allreduce_latency_s must be >= 0, "
+                             f"got {self.allreduce_latency_s!r}")
+        _check_fraction("compute_efficiency", self.compute_efficiency)
+        _check_fraction("bandwidth_efficiency", self.bandwidth_efficiency)
+        expert = expert_weight_bytes(m, dtype, tp) if m.is_moe else 0.0
+        dense = weights_read_bytes(m, 1, dtype, tp) - m.experts_per_token * expert
+        h = m.hidden_size
+        q_kv = (m.num_heads / tp + 2 * kv_heads_per_gpu(m, tp)) * m.head_dim
+        mlp = 3 * m.intermediate_size * m.experts_per_token / tp
+        multi_gpu = tp > 1
+        values = {
+            "_linear_flops_per_token": linear_flops_per_token(m, tp),
+            "_lm_head_flops_per_seq": lm_head_flops_per_seq(m, tp),
+            "_attn_flops_per_pair": attention_flops_per_pair(m, tp),
+            "_kv_bytes_per_token": kv_bytes_per_token(m, dtype, tp),
+            # Each layer writes and rereads a few hidden- and intermediate-sized tensors.
+            "_act_bytes_per_token": m.num_layers * (4 * h + q_kv + mlp) * dtype,
+            "_dense_weight_bytes": dense,
+            "_expert_bytes": expert,
+            "_flops_per_s": self.hardware.bf16_flops_per_s * self.compute_efficiency,
+            "_bytes_per_s": (self.hardware.memory_bandwidth_bytes_per_s
+                             * self.bandwidth_efficiency),
+            # Two all-reduces per layer (after attention and after the MLP).
+            "_allreduce_bytes_per_token": 2 * m.num_layers * h * dtype if multi_gpu else 0.0,
+            "_allreduce_fixed_s": (2 * m.num_layers * self.allreduce_latency_s
+                                   if multi_gpu else 0.0),
+        }
+        for key, value in values.items():
+            object.__setattr__(self, key, value)
+
+    def _terms(self, shape: StepShape) -> tuple[float, float, int]:
+        """FLOPs, HBM bytes and token rows of one step."""
+        prefill_tokens = 0
+        pairs = 0.0  # query-key pairs attended, summed over the step
+        kv_read_tokens = shape.decode_context_sum
+        for chunk, context in zip(shape.prefill_chunk_tokens, shape.prefill_context_tokens,
+                                  strict=True):
+            prefill_tokens += chunk
+            pairs += chunk * context + chunk * (chunk + 1) * 0.5  # causal within the chunk
+            kv_read_tokens += context
+        decodes = shape.num_decodes
+        pairs += shape.decode_context_sum + decodes  # each decode also attends to itself
+        seqs = len(shape.prefill_chunk_tokens) + decodes
+        padding = max(0, shape.padded_batch - seqs)  # padded slots cost matmuls, not attention
+        rows = prefill_tokens + decodes + padding
+        if rows == 0:
+            return 0.0, 0.0, 0
+        flops = (rows * self._linear_flops_per_token + (seqs + padding)
+                 * self._lm_head_flops_per_seq + pairs * self._attn_flops_per_pair)
+        model = self.model
+        touched = min(model.num_experts, rows * model.experts_per_token)
+        num_bytes = (self._dense_weight_bytes + touched * self._expert_bytes
+                     + (kv_read_tokens + prefill_tokens + decodes) * self._kv_bytes_per_token
+                     + rows * self._act_bytes_per_token)
+        return flops, num_bytes, rows
+
+    def _times(self, shape: StepShape) -> tuple[float, float, float, float, float]:
+        """Compute, HBM and all-reduce seconds plus the FLOPs and bytes behind them."""
+        flops, num_bytes, rows = self._terms(shape)
+        if rows == 0:
+            return 0.0, 0.0, 0.0, 0.0, 0.0
+        allreduce_s = self._allreduce_fixed_s + allreduce_time_s(
+            rows * self._allreduce_bytes_per_token, self.tp, self.hardware)
+        return (flops / self._flops_per_s, num_bytes / self._bytes_per_s, allreduce_s,
+                flops, num_bytes)
+
+    def step_time(self, shape: StepShape) -> float:
+        """Seconds for one step; an empty shape launches nothing and costs 0."""
+        compute_s, memory_s, allreduce_s, flops, _ = self._times(shape)
+        if flops == 0.0:
+            return 0.0
+        return max(compute_s, memory_s) + self.step_overhead_s + allreduce_s
+
+    def breakdown(self, shape: StepShape) -> dict[str, float]:
+        """Every term of step_time, for capacity reports and tests."""
+        compute_s, memory_s, allreduce_s, flops, num_bytes = self._times(shape)
+        overhead_s = self.step_overhead_s if flops else 0.0
+        return {
+            "compute_s": compute_s,
+            "memory_s": memory_s,
+            "overhead_s": overhead_s,
+            "allreduce_s": allreduce_s,
+            "flops": flops,
+            "bytes": num_bytes,
+            "total_s": max(compute_s, memory_s) + overhead_s + allreduce_s,
+        }

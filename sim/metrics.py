@@ -1,0 +1,349 @@
+"""Run recording and vLLM-style serving metrics.
+
+The recorder sits in the simulator's hot loop, so it stores typed columns
+(`array.array`) rather than one object per request or step; the caller may
+drop each Request once recorded. Field names and formulas follow vLLM's
+`benchmark_serving`: TTFT = first token - arrival, TPOT = (E2EL - TTFT) /
+(output - 1) over requests with more than one output token, E2EL = finish -
+arrival. Percentiles use numpy's default 'linear' method, as vLLM does.
+
+Pooled ITL comes from the step log: a step of duration d that runs k decodes
+contributes k samples of value d. This equals vLLM's list of every gap
+between tokens whenever each running sequence is in every step from its
+first token to its finish (steps run back to back); the one gap it misses is
+a re-prefill after preemption, which still shows in TPOT and E2EL.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.core.plan import StepPlan
+from sim.core.request import Request, RequestState
+
+PERCENTILES: tuple[int, ...] = (90, 95, 99)
+_REQ_FLOAT = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s")
+_REQ_INT = ("request_id", "prompt_tokens", "output_tokens", "prefix_hit_tokens",
+            "preemptions", "reason_code")
+_STEP_FLOAT = ("start_s", "duration_s")
+_STEP_INT = ("batch_size", "num_tokens", "prefill_tokens", "tokens_emitted",
+             "decode_tokens_emitted", "num_waiting", "num_running", "kv_blocks_used")
+_FINISHED_CODE = -1
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Per-request latency bounds in ms (vLLM's `--goodput ttft:MS tpot:MS e2el:MS`)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
+            bound = getattr(self, name)
+            if bound is not None and not bound > 0:
+                raise ValueError(f"SLO {name} must be > 0, got {bound}")
+
+    @property
+    def has_bounds(self) -> bool:
+        return any(b is not None for b in (self.ttft_ms, self.tpot_ms, self.e2el_ms))
+
+    @classmethod
+    def parse(cls, text: str) -> SLO:
+        """Parse 'ttft:200 tpot:50 e2el:5000' (spaces or commas between pairs)."""
+        bounds: dict[str, float] = {}
+        for pair in text.replace(",", " ").split():
+            key, sep, value = pair.partition(":")
+            if not sep or key not in ("ttft", "tpot", "e2el"):
+                raise ValueError(f"bad SLO term {pair!r}; expected ttft|tpot|e2el:MS")
+            bounds[f"{key}_ms"] = float(value)
+        return cls(**bounds)
+
+
+def weighted_percentiles(values: np.ndarray, weights: np.ndarray,
+                         percentiles: Sequence[float]) -> np.ndarray:
+    """Percentiles of `values` each repeated `weights` times (integer counts).
+
+    Same result as `np.percentile(np.repeat(values, weights), q)` (method
+    'linear', numpy's and vLLM's default) without expanding the samples.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.int64)
+    keep = w > 0
+    v, w = v[keep], w[keep]
+    q = np.asarray(percentiles, dtype=np.float64) / 100.0
+    if v.size == 0:
+        return np.full(q.shape, math.nan)
+    order = np.argsort(v, kind="stable")
+    v = v[order]
+    cum = np.cumsum(w[order])
+    pos = (cum[-1] - 1) * q
+    lo = np.floor(pos)
+    t = pos - lo
+    a = v[np.searchsorted(cum, lo, side="right")]
+    b = v[np.searchsorted(cum, np.minimum(lo + 1, cum[-1] - 1), side="right")]
+    diff = b - a
+    return np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)  # numpy's _lerp
+
+
+def describe_ms(values_s: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
+    """Mean, median, population std (as np.std) and tail percentiles, in ms; NaNs ignored."""
+    v = np.asarray(values_s, dtype=np.float64)
+    w = np.ones(v.shape, dtype=np.int64) if weights is None else np.asarray(weights, np.int64)
+    keep = ~np.isnan(v) & (w > 0)
+    v, w = v[keep] * 1e3, w[keep]
+    if v.size == 0:
+        return {k: math.nan for k in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES))}
+    mean = float(np.average(v, weights=w))
+    std = float(math.sqrt(np.average((v - mean) ** 2, weights=w)))
+    pct = weighted_percentiles(v, w, (50, *PERCENTILES))
+    out = {"mean": mean, "median": float(pct[0]), "std": std}
+    out.update({f"p{p}": float(x) for p, x in zip(PERCENTILES, pct[1:], strict=True)})
+    return out
+
+
+def _opt(x: float | None) -> float:
+    return math.nan if x is None else x
+
+
+def _rate(amount: float, duration_s: float) -> float:
+    return amount / duration_s if duration_s > 0 else math.nan
+
+
+class RunRecorder:
+    """Compact column store of finished/rejected requests and the per-step log."""
+
+    __slots__ = ("_req", "_step", "_reason_codes")
+
+    def __init__(self) -> None:
+        self._req: dict[str, array] = {k: array("d") for k in _REQ_FLOAT}
+        self._req.update({k: array("q") for k in _REQ_INT})
+        self._step: dict[str, array] = {k: array("d") for k in _STEP_FLOAT}
+        self._step.update({k: array("q") for k in _STEP_INT})
+        self._reason_codes: dict[str, int] = {}
+
+    def _append_request(self, req: Request, code: int) -> None:
+        c = self._req
+        c["request_id"].append(req.request_id)
+        c["arrival_s"].append(req.arrival_s)
+        c["first_scheduled_s"].append(_opt(req.first_scheduled_s))
+        c["first_token_s"].append(_opt(req.first_token_s))
+        c["finish_s"].append(_opt(req.finish_s))
+        c["prompt_tokens"].append(req.prompt_tokens)
+        c["output_tokens"].append(req.output_tokens)
+        c["prefix_hit_tokens"].append(req.prefix_hit_tokens)
+        c["preemptions"].append(req.num_preemptions)
+        c["reason_code"].append(code)
+
+    def record_finished(self, req: Request) -> None:
+        if req.state is not RequestState.FINISHED:
+            raise ValueError(f"request {req.request_id} is {req.state.value}, not finished")
+        self._append_request(req, _FINISHED_CODE)
+
+    def record_rejected(self, req: Request) -> None:
+        reason = req.rejection_reason or "unknown"
+        code = self._reason_codes.setdefault(reason, len(self._reason_codes))
+        self._append_request(req, code)
+
+    def record_step(self, start_s: float, duration_s: float, plan: StepPlan,
+                    num_waiting: int, num_running: int, kv_blocks_used: int) -> None:
+        """One row per engine step; every decode entry emits, so decodes = ITL samples."""
+        shape = plan.shape
+        prefill_tokens = shape.num_prefill_tokens
+        c = self._step
+        c["start_s"].append(start_s)
+        c["duration_s"].append(duration_s)
+        c["batch_size"].append(plan.batch_size)
+        c["num_tokens"].append(prefill_tokens + shape.num_decodes)
+        c["prefill_tokens"].append(prefill_tokens)
+        c["tokens_emitted"].append(plan.emits_token.count(True))  # C-level, unlike sum()
+        c["decode_tokens_emitted"].append(shape.num_decodes)
+        c["num_waiting"].append(num_waiting)
+        c["num_running"].append(num_running)
+        c["kv_blocks_used"].append(kv_blocks_used)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._req["request_id"])
+
+    @property
+    def num_steps(self) -> int:
+        return len(self._step["start_s"])
+
+    def _arrays(self, columns: dict[str, array]) -> dict[str, np.ndarray]:
+        # np.array copies: a live buffer view would make later appends raise BufferError.
+        return {k: np.array(col, dtype=np.float64 if col.typecode == "d" else np.int64)
+                for k, col in columns.items()}
+
+    def _request_arrays(self) -> dict[str, np.ndarray]:
+        r = self._arrays(self._req)
+        done = r["reason_code"] == _FINISHED_CODE
+        r["finished"] = done
+        r["ttft_s"] = np.where(done, r["first_token_s"] - r["arrival_s"], math.nan)
+        r["e2el_s"] = np.where(done, r["finish_s"] - r["arrival_s"], math.nan)
+        r["queue_s"] = np.where(done, r["first_scheduled_s"] - r["arrival_s"], math.nan)
+        multi = done & (r["output_tokens"] > 1)
+        denom = np.maximum(r["output_tokens"] - 1, 1)
+        r["tpot_s"] = np.where(multi, (r["e2el_s"] - r["ttft_s"]) / denom, math.nan)
+        return r
+
+    def summary(self, slo: SLO | None = None, kv_blocks_total: int | None = None
+                ) -> dict[str, Any]:
+        """vLLM `benchmark_serving` fields plus queue, preemption, batch and KV figures."""
+        r = self._request_arrays()
+        s = self._arrays(self._step)
+        done = r["finished"]
+        completed = int(done.sum())
+        finish_s = r["finish_s"][~np.isnan(r["finish_s"])]
+        duration_s = float(finish_s.max() - r["arrival_s"].min()) if finish_s.size else math.nan
+        names = list(self._reason_codes)
+        counts = np.bincount(r["reason_code"][~done], minlength=len(names))
+        input_tokens = int(r["prompt_tokens"][done].sum())
+        output_tokens = int(r["output_tokens"][done].sum())
+        out: dict[str, Any] = {
+            "duration": duration_s,
+            "completed": completed,
+            "rejected": int((~done).sum()),
+            "rejection_reasons": {n: int(counts[i]) for i, n in enumerate(names)},
+            "total_input_tokens": input_tokens,
+            "total_output_tokens": output_tokens,
+            "request_throughput": _rate(completed, duration_s),
+            "output_throughput": _rate(output_tokens, duration_s),
+            "total_token_throughput": _rate(input_tokens + output_tokens, duration_s),
+        }
+        if slo is not None and slo.has_bounds:
+            good = int(_meets_slo(r, slo).sum())
+            out["request_goodput"] = _rate(good, duration_s)
+            offered = completed + out["rejected"]
+            out["slo_attainment"] = good / offered if offered else math.nan
+        groups = {"ttft": (r["ttft_s"], None), "tpot": (r["tpot_s"], None),
+                  "itl": (s["duration_s"], s["decode_tokens_emitted"]),
+                  "e2el": (r["e2el_s"], None), "queue": (r["queue_s"], None)}
+        for metric, (values, weights) in groups.items():
+            for stat, x in describe_ms(values, weights).items():
+                out[f"{stat}_{metric}_ms"] = x
+        total_step_s = float(s["duration_s"].sum())
+        out["total_preemptions"] = int(r["preemptions"][done].sum())
+        out["total_prefix_hit_tokens"] = int(r["prefix_hit_tokens"][done].sum())
+        out["num_steps"] = self.num_steps
+        out["mean_batch_size"] = (float(np.dot(s["batch_size"], s["duration_s"]) / total_step_s)
+                                  if total_step_s > 0 else math.nan)
+        out["max_kv_blocks_used"] = int(s["kv_blocks_used"].max()) if self.num_steps else None
+        if kv_blocks_total is not None:
+            out["kv_blocks_total"] = kv_blocks_total
+        return out
+
+    def requests_frame(self) -> pd.DataFrame:
+        """One row per recorded request (finished and rejected), latencies in ms."""
+        r = self._request_arrays()
+        names = list(self._reason_codes)
+        reasons = [None if c == _FINISHED_CODE else names[c] for c in r["reason_code"].tolist()]
+        frame = pd.DataFrame({k: r[k] for k in ("request_id", *_REQ_FLOAT, "prompt_tokens",
+                                                 "output_tokens", "prefix_hit_tokens",
+                                                 "preemptions")})
+        for metric in ("ttft", "tpot", "e2el", "queue"):
+            frame[f"{metric}_ms"] = r[f"{metric}_s"] * 1e3
+        frame["status"] = np.where(r["finished"], "finished", "rejected")
+        frame["rejection_reason"] = pd.Series(reasons, dtype=object)
+        return frame
+
+    def steps_frame(self) -> pd.DataFrame:
+        """The per-step time series (start, duration, batch, tokens, queue, KV)."""
+        return pd.DataFrame(self._arrays(self._step))
+
+    def write_outputs(self, out_dir: Path, summary: dict[str, Any], plots: bool = True
+                      ) -> list[Path]:
+        """Write summary.json, requests.csv, steps.csv and (optionally) PNGs; return paths.
+
+        Plots come after the CSVs and downsample long series, so they never dominate a run.
+        """
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        summary_path = out_dir / "summary.json"
+        summary_path.write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n")
+        requests_df, steps_df = self.requests_frame(), self.steps_frame()
+        requests_path, steps_path = out_dir / "requests.csv", out_dir / "steps.csv"
+        requests_df.to_csv(requests_path, index=False)
+        steps_df.to_csv(steps_path, index=False)
+        written = [summary_path, requests_path, steps_path]
+        if plots:
+            from sim import plots as plotting  # lazy: matplotlib only when plotting
+
+            total = summary.get("kv_blocks_total")
+            written.append(plotting.plot_latency_cdfs(requests_df, out_dir / "latency_cdf.png"))
+            written.append(plotting.plot_timeseries(steps_df, out_dir / "timeseries.png",
+                                                    kv_blocks_total=total))
+        return written
+
+
+def _meets_slo(r: dict[str, np.ndarray], slo: SLO) -> np.ndarray:
+    """Finished requests within every given bound; 1-token outputs pass TPOT (vLLM)."""
+    ok = r["finished"].copy()
+    if slo.ttft_ms is not None:
+        ok &= r["ttft_s"] * 1e3 <= slo.ttft_ms
+    if slo.tpot_ms is not None:
+        ok &= np.nan_to_num(r["tpot_s"], nan=0.0) * 1e3 <= slo.tpot_ms
+    if slo.e2el_ms is not None:
+        ok &= r["e2el_s"] * 1e3 <= slo.e2el_ms
+    return ok
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON values: NaN/inf -> None, numpy scalars -> Python numbers."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A terminal block in the shape of vLLM's 'Serving Benchmark Result'."""
+    width = 50
+
+    def row(label: str, key: str) -> str:
+        value = summary.get(key)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            text = "n/a"
+        elif isinstance(value, float):
+            text = f"{value:.2f}"
+        else:
+            text = str(value)
+        return f"{label:<38}{text:>12}"
+
+    lines = [f"{' Serving Benchmark Result ':=^{width}}",
+             row("Successful requests:", "completed"),
+             row("Rejected requests:", "rejected"),
+             row("Benchmark duration (s):", "duration"),
+             row("Total input tokens:", "total_input_tokens"),
+             row("Total generated tokens:", "total_output_tokens"),
+             row("Request throughput (req/s):", "request_throughput")]
+    if "request_goodput" in summary:
+        lines.append(row("Request goodput (req/s):", "request_goodput"))
+        lines.append(row("SLO attainment:", "slo_attainment"))
+    lines += [row("Output token throughput (tok/s):", "output_throughput"),
+              row("Total token throughput (tok/s):", "total_token_throughput")]
+    sections = (("ttft", "TTFT", "Time to First Token"),
+                ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+                ("itl", "ITL", "Inter-token Latency"),
+                ("e2el", "E2EL", "End-to-end Latency"))
+    for key, short, title in sections:
+        lines.append(f"{' ' + title + ' ':-^{width}}")
+        for stat, label in (("mean", "Mean"), ("median", "Median"), ("p99", "P99")):
+            lines.append(row(f"{label} {short} (ms):", f"{stat}_{key}_ms"))
+    lines.append("=" * width)
+    return "\n".join(lines)

@@ -1,0 +1,131 @@
+"""`servesim capacity` through argparse: numbers, formulas, errors and exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.capacity import capacity_report, format_report, register
+from sim.specs import get_hardware, get_model
+
+GIB = 1024**3
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    register(sub)
+    args = parser.parse_args(["capacity", *argv])
+    code = args.func(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
+    code, out, err = run_cli([*argv, "--json"], capsys)
+    assert code == 0 and err == ""
+    return json.loads(out)
+
+
+def test_llama3_8b_defaults_by_hand(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(["--model", "llama-3-8b"], capsys)
+    assert report["kv_bytes_per_token"] == 2 * 32 * 8 * 128 * 2 == 131072
+    assert report["kv_bytes_context_batch"] == 32 * GIB  # 128 KiB x 8192 x 32
+    assert (report["context_tokens"], report["batch_size"], report["gpu"]) == (
+        8192, 32, "h100-sxm")
+    budget = (report["gpu_memory_bytes"] * 0.9 - report["weights_bytes_per_gpu"]
+              - report["activation_reserve_bytes"])
+    assert report["kv_budget_bytes"] == pytest.approx(budget)
+    assert report["kv_budget_tokens"] == int(budget // (131072 * 16)) * 16
+    assert report["max_concurrency"] == report["kv_budget_tokens"] // 8192
+    assert report["batch_fits"] is (report["max_concurrency"] >= 32)
+    assert report["kv_to_weights_ratio"] == pytest.approx(32 * GIB / 16.06e9, rel=0.01)
+    assert report["crossover_batch"] is None  # GQA decode at 8k never turns compute-bound
+
+
+def test_llama3_70b_weights_split_over_eight_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(["--model", "llama-3-70b", "--gpus", "8"], capsys)
+    assert report["weights_bytes_per_gpu"] == pytest.approx(70.6e9 * 2 / 8, rel=0.01)
+    assert report["kv_bytes_per_token"] == 2 * 80 * 1 * 128 * 2
+
+
+def test_text_shows_formulas_with_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["--model", "llama-3-8b"], capsys)
+    assert code == 0 and err == ""
+    assert "2 x 32 layers x 8 kv_heads x 128 head_dim x 2 B = 131,072 B" in out
+    assert "131,072 B x 8,192 tokens x 32 seqs = 32.00 GiB" in out
+    for label in ("weights", "KV budget", "max concurrency", "decode floor", "crossover",
+                  "KV / weights"):
+        assert any(line.startswith(label) for line in out.splitlines()), label
+    assert " ms per step at batch 32" in out
+
+
+def test_batch_and_context_move_the_right_terms(capsys: pytest.CaptureFixture[str]) -> None:
+    small = run_json(["--context", "1024", "--batch", "8"], capsys)
+    large = run_json(["--context", "4096", "--batch", "8"], capsys)
+    assert large["kv_bytes_context_batch"] == 4 * small["kv_bytes_context_batch"]
+    assert large["max_concurrency"] < small["max_concurrency"]
+    assert large["decode_step_floor_s"] > small["decode_step_floor_s"]
+    assert small["weights_bytes_per_gpu"] == large["weights_bytes_per_gpu"]
+    fp8 = run_json(["--context", "1024", "--batch", "8", "--dtype-bytes", "1"], capsys)
+    assert fp8["kv_bytes_per_token"] == small["kv_bytes_per_token"] / 2
+
+
+def test_short_context_reports_a_finite_crossover(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(["--model", "llama-3-70b", "--gpus", "8", "--context", "1024"], capsys)
+    assert 1 < report["crossover_batch"] < 10_000
+    code, out, _ = run_cli(["--model", "llama-3-70b", "--gpus", "8", "--context", "1024"],
+                           capsys)
+    assert code == 0 and f"batch {report['crossover_batch']:,.1f}" in out
+
+
+def test_model_too_big_leaves_no_kv(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(["--model", "llama-3.1-405b"], capsys)
+    assert report["kv_budget_bytes"] == 0 and report["max_concurrency"] == 0
+    assert report["batch_fits"] is False
+
+
+def test_custom_model_from_fields_and_file(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    base = run_json(["--model", "llama-3-8b"], capsys)
+    deeper = run_json(["--model", "llama-3-8b", "--model-field", "num_layers=64"], capsys)
+    assert deeper["kv_bytes_per_token"] == 2 * base["kv_bytes_per_token"]
+    spec = tmp_path / "model.yaml"
+    spec.write_text("base: llama-3-8b\nname: my-8b\nnum_kv_heads: 4\n")
+    custom = run_json(["--model-file", str(spec)], capsys)
+    assert custom["model"] == "my-8b"
+    assert custom["kv_bytes_per_token"] == base["kv_bytes_per_token"] / 2
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--model", "llama-9b"], "unknown model 'llama-9b'; known: llama-3-8b"),
+    (["--gpu", "tpu-v9"], "unknown hardware 'tpu-v9'; known: h100-sxm"),
+    (["--gpus", "0"], "--gpus '0': must be a positive integer"),
+    (["--gpus", "3"], "--gpus 3: tp=3 must divide num_heads=32"),
+    (["--context", "-5"], "--context '-5': must be a positive integer"),
+    (["--batch", "many"], "--batch 'many': must be a positive integer"),
+    (["--memory-utilization", "1.5"], "--memory-utilization '1.5': must be a fraction"),
+    (["--dtype-bytes", "0"], "--dtype-bytes '0': must be a positive number"),
+    (["--block-size", "0"], "--block-size '0'"),
+    (["--model-field", "layers=4"], "unknown ModelSpec field 'layers'"),
+    (["--model-field", "num_layers"], "must be KEY=VALUE"),
+    (["--model-file", "/nonexistent/model.yaml"], "cannot read"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], needle: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and out == ""
+    assert needle in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_format_report_is_pure() -> None:
+    report = capacity_report(get_model("tiny"), get_hardware("l40s"), context_tokens=100,
+                             batch_size=3, block_size=16)
+    assert report["blocks_per_seq"] == 7
+    text = format_report(report)
+    assert text == format_report(dict(report))
+    assert "tiny on 1 x l40s" in text

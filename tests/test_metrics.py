@@ -1,0 +1,263 @@
+"""RunRecorder metrics against hand-computed cases, and the outputs it writes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.core.plan import StepPlan, StepShape
+from sim.core.request import Request, RequestState
+from sim.metrics import SLO, RunRecorder, describe_ms, format_summary, weighted_percentiles
+from sim.plots import bucket_series, plot_timeseries
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def finished(rid: int, arrival_s: float, scheduled_s: float, first_token_s: float,
+             finish_s: float, prompt: int = 10, output: int = 3, preemptions: int = 0,
+             prefix_hit: int = 0) -> Request:
+    req = Request(request_id=rid, arrival_s=arrival_s, prompt_tokens=prompt,
+                  output_tokens=output)
+    req.state = RequestState.FINISHED
+    req.first_scheduled_s, req.first_token_s, req.finish_s = scheduled_s, first_token_s, finish_s
+    req.num_output_done, req.num_preemptions = output, preemptions
+    req.prefix_hit_tokens = prefix_hit
+    return req
+
+
+def rejected(rid: int, arrival_s: float, reason: str) -> Request:
+    req = Request(request_id=rid, arrival_s=arrival_s, prompt_tokens=5000, output_tokens=8)
+    req.reject(reason, now=arrival_s)
+    return req
+
+
+def plan(entries: list[tuple[int, int, int, bool, bool]]) -> StepPlan:
+    """entries: (request_id, new_tokens, context_tokens, is_prefill, emits_token)."""
+    prefills = [e for e in entries if e[3]]
+    decodes = [e for e in entries if not e[3]]
+    shape = StepShape(prefill_chunk_tokens=tuple(e[1] for e in prefills),
+                      prefill_context_tokens=tuple(e[2] for e in prefills),
+                      num_decodes=len(decodes),
+                      decode_context_sum=sum(e[2] for e in decodes),
+                      decode_context_max=max((e[2] for e in decodes), default=0),
+                      padded_batch=len(entries))
+    return StepPlan(request_ids=tuple(e[0] for e in entries),
+                    num_new_tokens=tuple(e[1] for e in entries),
+                    context_tokens=tuple(e[2] for e in entries),
+                    block_tables=tuple(() for _ in entries),
+                    is_prefill=tuple(e[3] for e in entries),
+                    emits_token=tuple(e[4] for e in entries), shape=shape)
+
+
+def two_request_run() -> tuple[RunRecorder, dict[int, list[float]]]:
+    """A (prompt 10, 3 out) and B (prompt 6, 3 out) on back-to-back steps.
+
+    Returns the recorder and each request's token emission times, from which
+    the per-gap ITLs are computed by hand.
+    """
+    rec = RunRecorder()
+    steps = [  # (start_s, duration_s, entries, waiting, running, kv_used)
+        (0.00, 0.10, [(0, 10, 0, True, True)], 1, 1, 1),
+        (0.10, 0.02, [(0, 1, 10, False, True), (1, 6, 0, True, True)], 0, 2, 2),
+        (0.12, 0.03, [(0, 1, 11, False, True), (1, 1, 6, False, True)], 0, 2, 2),
+        (0.15, 0.01, [(1, 1, 7, False, True)], 0, 1, 1),
+    ]
+    for start_s, duration_s, entries, waiting, running, kv in steps:
+        rec.record_step(start_s, duration_s, plan(entries), waiting, running, kv)
+    rec.record_finished(finished(0, 0.00, 0.00, 0.10, 0.15, prompt=10, output=3))
+    rec.record_finished(finished(1, 0.05, 0.10, 0.12, 0.16, prompt=6, output=3))
+    return rec, {0: [0.10, 0.12, 0.15], 1: [0.12, 0.15, 0.16]}
+
+
+def test_latency_formulas_hand_computed() -> None:
+    rec, _ = two_request_run()
+    s = rec.summary()
+    assert s["completed"] == 2 and s["rejected"] == 0
+    assert s["duration"] == pytest.approx(0.16)
+    assert s["total_input_tokens"] == 16 and s["total_output_tokens"] == 6
+    assert s["request_throughput"] == pytest.approx(2 / 0.16)
+    assert s["total_token_throughput"] == pytest.approx(22 / 0.16)
+    ttft_ms, e2el_ms = [100.0, 70.0], [150.0, 110.0]
+    tpot_ms = [(150 - 100) / 2, (110 - 70) / 2]
+    for m, v in (("ttft", ttft_ms), ("e2el", e2el_ms), ("tpot", tpot_ms),
+                 ("queue", [0.0, 50.0])):
+        assert s[f"mean_{m}_ms"] == pytest.approx(np.mean(v))
+        assert s[f"median_{m}_ms"] == pytest.approx(np.median(v))
+        assert s[f"std_{m}_ms"] == pytest.approx(np.std(v))
+        assert s[f"p99_{m}_ms"] == pytest.approx(np.percentile(v, 99))
+    # time-weighted batch: (1*.10 + 2*.02 + 2*.03 + 1*.01) / .16
+    assert s["mean_batch_size"] == pytest.approx(0.21 / 0.16)
+    assert s["max_kv_blocks_used"] == 2 and s["num_steps"] == 4
+    frame = rec.requests_frame()
+    assert frame["ttft_ms"].tolist() == pytest.approx(ttft_ms)
+    assert frame["tpot_ms"].tolist() == pytest.approx(tpot_ms)
+
+
+def test_pooled_itl_equals_per_gap_itl() -> None:
+    rec, token_times = two_request_run()
+    gaps_ms = np.concatenate([np.diff(t) for t in token_times.values()]) * 1e3
+    s = rec.summary()
+    assert s["mean_itl_ms"] == pytest.approx(np.mean(gaps_ms))
+    assert s["std_itl_ms"] == pytest.approx(np.std(gaps_ms))
+    for p in (50, 90, 95, 99):
+        key = "median_itl_ms" if p == 50 else f"p{p}_itl_ms"
+        assert s[key] == pytest.approx(np.percentile(gaps_ms, p))
+    steps = rec.steps_frame()
+    assert steps["decode_tokens_emitted"].tolist() == [0, 1, 2, 1]
+    assert steps["tokens_emitted"].tolist() == [1, 2, 2, 1]
+    assert steps["num_tokens"].tolist() == [10, 7, 2, 1]
+
+
+def test_tpot_excludes_single_token_outputs() -> None:
+    rec = RunRecorder()
+    rec.record_finished(finished(0, 0.0, 0.0, 0.2, 0.2, output=1))
+    rec.record_finished(finished(1, 0.0, 0.0, 0.1, 0.5, output=5))
+    s = rec.summary()
+    assert s["mean_tpot_ms"] == pytest.approx(100.0)
+    assert s["p99_tpot_ms"] == pytest.approx(100.0)
+    assert s["mean_ttft_ms"] == pytest.approx(150.0)
+    assert math.isnan(rec.requests_frame()["tpot_ms"][0])
+
+
+def test_goodput_counts_only_requests_meeting_every_slo() -> None:
+    rec = RunRecorder()
+    rec.record_finished(finished(0, 0.0, 0.0, 0.10, 0.30, output=5))  # ttft 100, tpot 50
+    rec.record_finished(finished(1, 0.0, 0.0, 0.30, 0.40, output=5))  # ttft 300: fails
+    rec.record_finished(finished(2, 0.0, 0.0, 0.10, 0.90, output=5))  # tpot 200: fails
+    rec.record_finished(finished(3, 0.0, 0.0, 0.15, 0.15, output=1))  # no tpot: passes
+    rec.record_rejected(rejected(4, 0.5, "prompt_too_long"))
+    s = rec.summary(slo=SLO(ttft_ms=200, tpot_ms=60))
+    assert s["duration"] == pytest.approx(0.9)
+    assert s["request_goodput"] == pytest.approx(2 / 0.9)
+    assert s["slo_attainment"] == pytest.approx(2 / 5)
+    assert rec.summary(slo=SLO(e2el_ms=350))["request_goodput"] == pytest.approx(2 / 0.9)
+    assert "request_goodput" not in rec.summary(slo=SLO())
+    assert "request_goodput" not in rec.summary()
+
+
+def test_slo_parse() -> None:
+    assert SLO.parse("ttft:200 tpot:50") == SLO(ttft_ms=200.0, tpot_ms=50.0)
+    assert SLO.parse("e2el:1000,ttft:5") == SLO(ttft_ms=5.0, e2el_ms=1000.0)
+    with pytest.raises(ValueError):
+        SLO.parse("latency:3")
+    with pytest.raises(ValueError):
+        SLO(ttft_ms=-1.0)
+
+
+def test_rejected_counted_and_excluded_from_latency() -> None:
+    rec = RunRecorder()
+    rec.record_finished(finished(0, 0.0, 0.0, 0.1, 0.2, output=2))
+    rec.record_rejected(rejected(1, 0.05, "prompt_too_long"))
+    rec.record_rejected(rejected(2, 0.06, "queue_full"))
+    rec.record_rejected(rejected(3, 0.07, "prompt_too_long"))
+    s = rec.summary()
+    assert s["completed"] == 1 and s["rejected"] == 3
+    assert s["rejection_reasons"] == {"prompt_too_long": 2, "queue_full": 1}
+    assert s["mean_e2el_ms"] == pytest.approx(200.0)
+    assert s["p99_ttft_ms"] == pytest.approx(100.0)
+    assert s["total_input_tokens"] == 10
+    frame = rec.requests_frame()
+    assert frame["status"].tolist() == ["finished", "rejected", "rejected", "rejected"]
+    assert frame["rejection_reason"].tolist() == [None, "prompt_too_long", "queue_full",
+                                                  "prompt_too_long"]
+    assert frame.loc[1:, "e2el_ms"].isna().all()
+
+
+def test_record_finished_refuses_unfinished_request() -> None:
+    with pytest.raises(ValueError):
+        RunRecorder().record_finished(Request(0, 0.0, 4, 4))
+
+
+def test_recording_continues_after_summary() -> None:
+    rec, _ = two_request_run()
+    rec.summary()
+    rec.steps_frame()
+    rec.record_finished(finished(9, 0.2, 0.2, 0.3, 0.4))  # no BufferError from exports
+    assert rec.num_requests == 3
+
+
+def test_write_outputs_and_plots(tmp_path: Path) -> None:
+    rec, _ = two_request_run()
+    rec.record_rejected(rejected(7, 0.01, "prompt_too_long"))
+    summary = rec.summary(slo=SLO(ttft_ms=90, tpot_ms=30), kv_blocks_total=8)
+    paths = rec.write_outputs(tmp_path / "out", summary)
+    names = {p.name for p in paths}
+    assert {"summary.json", "requests.csv", "steps.csv"} <= names
+    assert all(p.exists() for p in paths)
+    assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
+    pngs = [p for p in paths if p.suffix == ".png"]
+    assert len(pngs) == 2
+    for png in pngs:
+        data = png.read_bytes()
+        assert len(data) > 0 and data.startswith(PNG_MAGIC)
+    lines = (tmp_path / "out" / "requests.csv").read_text().splitlines()
+    assert len(lines) == 1 + 3
+    no_plots = rec.write_outputs(tmp_path / "bare", summary, plots=False)
+    assert [p.suffix for p in no_plots] == [".json", ".csv", ".csv"]
+
+
+def test_empty_run_does_not_crash(tmp_path: Path) -> None:
+    rec = RunRecorder()
+    s = rec.summary(slo=SLO(ttft_ms=100), kv_blocks_total=4)
+    assert s["completed"] == 0 and s["rejected"] == 0
+    assert math.isnan(s["mean_ttft_ms"]) and math.isnan(s["request_throughput"])
+    assert s["max_kv_blocks_used"] is None
+    assert "n/a" in format_summary(s)
+    paths = rec.write_outputs(tmp_path, s)
+    loaded = json.loads((tmp_path / "summary.json").read_text())
+    assert loaded["mean_ttft_ms"] is None and loaded["duration"] is None
+    assert all(p.read_bytes().startswith(PNG_MAGIC) for p in paths if p.suffix == ".png")
+
+
+def test_format_summary_block() -> None:
+    rec, _ = two_request_run()
+    text = format_summary(rec.summary(slo=SLO(ttft_ms=150)))
+    assert "Serving Benchmark Result" in text
+    for label in ("Successful requests:", "Mean TTFT (ms):", "P99 ITL (ms):",
+                  "Median E2EL (ms):", "Request goodput (req/s):"):
+        assert label in text
+    lines = text.splitlines()
+    assert len({len(line) for line in lines}) == 1  # every line the same width
+
+
+def test_long_timeseries_is_bucketed(tmp_path: Path) -> None:
+    n = 120_000
+    t = np.arange(n, dtype=np.float64)
+    tx, mean, low, high = bucket_series(t, t % 7, max_points=5000)
+    assert tx.size <= 5000 and np.all(low <= mean) and np.all(mean <= high)
+    assert low.min() == 0 and high.max() == 6
+    rec = RunRecorder()
+    step = plan([(0, 1, 5, False, True)])
+    for i in range(n):
+        rec.record_step(i * 0.01, 0.01, step, i % 5, 1, i % 11)
+    png = plot_timeseries(rec.steps_frame(), tmp_path / "ts.png", kv_blocks_total=16)
+    assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+values_st = st.lists(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False),
+                     min_size=1, max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), values=values_st)
+def test_weighted_percentiles_match_expanded_samples(data: st.DataObject,
+                                                     values: list[float]) -> None:
+    """Convention: numpy's default 'linear' method on the expanded samples (vLLM's)."""
+    weights = data.draw(st.lists(st.integers(0, 6), min_size=len(values),
+                                 max_size=len(values)))
+    if sum(weights) == 0:
+        weights[0] = 1
+    qs = data.draw(st.lists(st.floats(0, 100), min_size=1, max_size=6)) + [50, 90, 95, 99]
+    expanded = np.repeat(np.asarray(values), weights)
+    got = weighted_percentiles(np.asarray(values), np.asarray(weights), qs)
+    np.testing.assert_allclose(got, np.percentile(expanded, qs), rtol=1e-12, atol=1e-9)
+    stats = describe_ms(np.asarray(values) / 1e3, np.asarray(weights))
+    assert stats["mean"] == pytest.approx(np.mean(expanded), rel=1e-9, abs=1e-6)
+    assert stats["std"] == pytest.approx(np.std(expanded), rel=1e-9, abs=1e-6)
+    assert stats["p99"] == pytest.approx(np.percentile(expanded, 99), rel=1e-12, abs=1e-9)

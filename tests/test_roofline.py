@@ -1,0 +1,147 @@
+"""Roofline latency: the prefill/decode regimes must emerge from FLOPs and bytes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sim.core.plan import StepShape
+from sim.latency import LatencyModel, RooflineLatency
+from sim.specs import get_hardware, get_model, weights_bytes
+
+LLAMA_8B = get_model("llama-3-8b")
+H100 = get_hardware("h100-sxm")
+ROOF = RooflineLatency(LLAMA_8B, H100)
+
+
+def prefill(*chunks: tuple[int, int]) -> StepShape:
+    """Chunks as (new tokens, tokens already in KV)."""
+    return StepShape(tuple(c for c, _ in chunks), tuple(p for _, p in chunks))
+
+
+def decode(batch: int, context: int, padded: int = 0) -> StepShape:
+    return StepShape(num_decodes=batch, decode_context_sum=batch * context,
+                     decode_context_max=context, padded_batch=max(padded, batch))
+
+
+def test_is_a_latency_model() -> None:
+    assert isinstance(ROOF, LatencyModel)
+    assert ROOF.name == "roofline"
+
+
+def test_prefill_is_compute_bound_and_decode_memory_bound() -> None:
+    long_prefill = ROOF.breakdown(prefill((2048, 0)))
+    assert long_prefill["compute_s"] > long_prefill["memory_s"]
+    one_decode = ROOF.breakdown(decode(1, 1024))
+    assert one_decode["memory_s"] > 10 * one_decode["compute_s"]
+
+
+def test_decode_batch_is_nearly_free_but_prefill_scales_with_tokens() -> None:
+    one, eight = ROOF.step_time(decode(1, 1024)), ROOF.step_time(decode(8, 1024))
+    assert one < eight < 1.2 * one
+    short, long = ROOF.step_time(prefill((1024, 0))), ROOF.step_time(prefill((4096, 0)))
+    assert 3.5 < long / short < 4.5
+
+
+def test_longer_context_costs_more() -> None:
+    assert ROOF.step_time(decode(32, 4096)) > ROOF.step_time(decode(32, 1024))
+    assert ROOF.step_time(prefill((512, 8192))) > ROOF.step_time(prefill((512, 0)))
+
+
+def test_decode_floor_and_overhead_are_plausible_for_llama_8b_on_h100() -> None:
+    # Datasheet floor: ~15 GB of weights over 3.35 TB/s is ~4.5 ms; plus efficiency and overhead.
+    floor_s = weights_bytes(LLAMA_8B) / H100.memory_bandwidth_bytes_per_s
+    step = ROOF.breakdown(decode(1, 1024))
+    assert floor_s < step["memory_s"] < floor_s / 0.7
+    assert step["total_s"] == pytest.approx(step["memory_s"] + step["overhead_s"])
+
+
+def test_empty_step_costs_nothing() -> None:
+    assert ROOF.step_time(StepShape()) == 0.0
+    assert ROOF.breakdown(StepShape())["total_s"] == 0.0
+
+
+def test_padded_slots_cost_compute() -> None:
+    real, padded = ROOF.breakdown(decode(8, 512)), ROOF.breakdown(decode(8, 512, padded=256))
+    assert padded["flops"] > 20 * real["flops"]
+
+
+def test_chunking_a_prefill_preserves_attention_work() -> None:
+    whole = ROOF.breakdown(prefill((2048, 0)))
+    halves = ROOF.breakdown(prefill((1024, 0), (1024, 1024)))
+    lm_head_flops = 2 * LLAMA_8B.vocab_size * LLAMA_8B.hidden_size
+    assert halves["flops"] - whole["flops"] == pytest.approx(lm_head_flops)
+
+
+def test_tensor_parallel_splits_work_and_adds_allreduce() -> None:
+    model = get_model("llama-3-70b")
+    tp2, tp8 = RooflineLatency(model, H100, tp=2), RooflineLatency(model, H100, tp=8)
+    shape = decode(16, 2048)
+    b2, b8 = tp2.breakdown(shape), tp8.breakdown(shape)
+    assert b8["memory_s"] < b2["memory_s"] / 3
+    assert b8["allreduce_s"] > b2["allreduce_s"] > 0
+    assert ROOF.breakdown(shape)["allreduce_s"] == 0.0
+    assert tp8.step_time(shape) < tp2.step_time(shape)
+
+
+def test_moe_decode_reads_more_experts_as_batch_grows() -> None:
+    moe = RooflineLatency(get_model("mixtral-8x7b"), H100, tp=2)
+    one, many = moe.breakdown(decode(1, 256)), moe.breakdown(decode(64, 256))
+    assert many["bytes"] > 2.5 * one["bytes"]
+    assert one["memory_s"] > one["compute_s"]
+
+
+def test_efficiencies_and_overhead_scale_their_terms() -> None:
+    slow = RooflineLatency(LLAMA_8B, H100, compute_efficiency=0.3, bandwidth_efficiency=0.4,
+                           step_overhead_s=0.0)
+    fast = RooflineLatency(LLAMA_8B, H100, compute_efficiency=0.6, bandwidth_efficiency=0.8,
+                           step_overhead_s=0.0)
+    shape = prefill((4096, 0))
+    assert slow.breakdown(shape)["compute_s"] == pytest.approx(
+        2 * fast.breakdown(shape)["compute_s"])
+    assert slow.step_time(decode(4, 100)) == pytest.approx(2 * fast.step_time(decode(4, 100)))
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"compute_efficiency": 0.0}, {"bandwidth_efficiency": 1.5}, {"step_overhead_s": -1.0},
+    {"tp": 3}, {"dtype_bytes": 0},
+])
+def test_bad_parameters_are_rejected(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        RooflineLatency(LLAMA_8B, H100, **kwargs)  # type: ignore[arg-type]
+
+
+chunk = st.tuples(st.integers(1, 4096), st.integers(0, 32768))
+shapes = st.builds(
+    lambda chunks, batch, context, pad: StepShape(
+        tuple(c for c, _ in chunks), tuple(p for _, p in chunks), batch, batch * context,
+        context if batch else 0, len(chunks) + batch + pad),
+    st.lists(chunk, max_size=4), st.integers(0, 512), st.integers(0, 32768), st.integers(0, 64))
+
+
+@given(shapes)
+def test_breakdown_adds_up_to_step_time(shape: StepShape) -> None:
+    parts = ROOF.breakdown(shape)
+    assert parts["total_s"] == pytest.approx(ROOF.step_time(shape))
+    expected = max(parts["compute_s"], parts["memory_s"]) + parts["overhead_s"]
+    assert parts["total_s"] == pytest.approx(expected + parts["allreduce_s"])
+
+
+@given(shapes, st.integers(1, 64), st.integers(0, 8192))
+def test_more_work_never_takes_less_time(shape: StepShape, extra: int, context: int) -> None:
+    bigger = StepShape(shape.prefill_chunk_tokens + (extra,),
+                       shape.prefill_context_tokens + (context,), shape.num_decodes,
+                       shape.decode_context_sum, shape.decode_context_max,
+                       shape.padded_batch + 1)
+    assert ROOF.step_time(bigger) >= ROOF.step_time(shape)
+
+
+def test_step_time_is_cheap_on_the_hot_path() -> None:
+    shape = StepShape((512, 37), (0, 4000), 255, 255 * 900, 4000, 257)
+    started = time.perf_counter()
+    for _ in range(20_000):
+        ROOF.step_time(shape)
+    assert time.perf_counter() - started < 1.0  # ~2 us a call in practice
