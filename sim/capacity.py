@@ -59,6 +59,8 @@ def capacity_report(model: ModelSpec, hw: HardwareSpec, tp: int = 1, context_tok
     concurrency = max_concurrency(model, hw, context_tokens, tp, memory_utilization, block_size,
                                   dtype_bytes, activations)
     crossover = memory_bound_crossover_batch(model, hw, context_tokens, tp, dtype_bytes)
+    # the textbook figure: the weights-only view, where attention's KV reads are ignored
+    crossover_linear = memory_bound_crossover_batch(model, hw, 0, tp, dtype_bytes)
     bw = hw.memory_bandwidth_bytes_per_s
     return {
         "model": model.name, "gpu": hw.name, "tp": tp, "context_tokens": context_tokens,
@@ -89,6 +91,7 @@ def capacity_report(model: ModelSpec, hw: HardwareSpec, tp: int = 1, context_tok
         / hw.bf16_flops_per_s,
         "decode_kv_read_per_seq_s": kv_token * context_tokens / bw,
         "crossover_batch": None if math.isinf(crossover) else crossover,
+        "crossover_batch_weights_only": crossover_linear,
         "kv_to_weights_ratio": kv_batch / weights,
     }
 
@@ -143,6 +146,8 @@ def format_report(r: dict[str, Any]) -> str:
                          f"{r['memory_bandwidth_bytes_per_s'] / 1e12:,.2f} TB/s = "
                          f"{_ms(r['decode_step_floor_s'])} per step at batch {batch:,}"),
         ("crossover", crossover),
+        ("  weights only", f"batch {r['crossover_batch_weights_only']:,.1f}: where the linear "
+                           "layers alone turn compute-bound (attention's KV reads ignored)"),
         ("KV / weights", f"{_gib(r['kv_bytes_context_batch'])} / "
                          f"{_gib(r['weights_bytes_per_gpu'])} = "
                          f"{r['kv_to_weights_ratio']:,.2f}"),

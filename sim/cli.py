@@ -33,8 +33,8 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     try:
         result = run_scenario(scenario, base_dir, show_progress=not args.quiet)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (ValueError, FileNotFoundError) as err:  # e.g. a missing trace, no room for KV
+        print(f"error: {args.scenario or 'default scenario'}: {err}", file=sys.stderr)
         return 2
     out_dir = Path(args.out or scenario.output.dir or Path("results") / scenario.name)
     plots = scenario.output.plots and not args.no_plots

@@ -69,12 +69,27 @@ class Replica:
                 self.on_done(len(finished))
 
 
+class _Arrival(simpy.Event):
+    """A timeout that fires before any step ending at the same instant.
+
+    The step contract says a request that has arrived by the time a step ends
+    is visible to the next schedule(); SimPy would otherwise order same-time
+    events by creation, so the outcome would depend on who set a timer first.
+    """
+
+    def __init__(self, env: simpy.Environment, delay_s: float) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, simpy.core.URGENT, delay_s)
+
+
 def _arrivals(env: simpy.Environment, requests: Iterable[Request],
               route: Callable[[Request], Replica]):  # noqa: ANN202
     for request in requests:
         delay_s = request.arrival_s - env.now
         if delay_s > 0:
-            yield env.timeout(delay_s)
+            yield _Arrival(env, delay_s)
         route(request).submit(request)
 
 

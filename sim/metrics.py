@@ -7,11 +7,16 @@ drop each Request once recorded. Field names and formulas follow vLLM's
 (output - 1) over requests with more than one output token, E2EL = finish -
 arrival. Percentiles use numpy's default 'linear' method, as vLLM does.
 
-Pooled ITL comes from the step log: a step of duration d that runs k decodes
-contributes k samples of value d. This equals vLLM's list of every gap
-between tokens whenever each running sequence is in every step from its
-first token to its finish (steps run back to back); the one gap it misses is
-a re-prefill after preemption, which still shows in TPOT and E2EL.
+Steps are not stored: memory grows with requests, not with work done.
+Pooled ITL: a step of duration d that runs k decodes contributes k samples of
+value d to a `LogHistogram` (exact count/mean/std/min/max, percentiles within
+a relative 5e-4). This equals vLLM's list of every gap between tokens
+whenever each running sequence is in every step from its first token to its
+finish (steps run back to back); the one gap it misses is a re-prefill after
+preemption, which still shows in TPOT and E2EL. The time series is kept in
+`TimeBuckets` (at most 2048 buckets whose width doubles as the run grows);
+the summary's num_steps, mean_batch_size and max_kv_blocks_used are exact
+running totals.
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 from array import array
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,14 +33,13 @@ import pandas as pd
 
 from sim.core.plan import StepPlan
 from sim.core.request import Request, RequestState
+from sim.stats import PERCENTILES, LogHistogram, TimeBuckets, describe_ms, weighted_percentiles
 
-PERCENTILES: tuple[int, ...] = (90, 95, 99)
+__all__ = ["PERCENTILES", "SLO", "RunRecorder", "describe_ms", "format_summary", "jsonable",
+           "weighted_percentiles"]
 _REQ_FLOAT = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s")
 _REQ_INT = ("request_id", "prompt_tokens", "output_tokens", "prefix_hit_tokens",
             "preemptions", "reason_code")
-_STEP_FLOAT = ("start_s", "duration_s")
-_STEP_INT = ("batch_size", "num_tokens", "prefill_tokens", "tokens_emitted",
-             "decode_tokens_emitted", "num_waiting", "num_running", "kv_blocks_used")
 _FINISHED_CODE = -1
 
 
@@ -70,48 +73,6 @@ class SLO:
         return cls(**bounds)
 
 
-def weighted_percentiles(values: np.ndarray, weights: np.ndarray,
-                         percentiles: Sequence[float]) -> np.ndarray:
-    """Percentiles of `values` each repeated `weights` times (integer counts).
-
-    Same result as `np.percentile(np.repeat(values, weights), q)` (method
-    'linear', numpy's and vLLM's default) without expanding the samples.
-    """
-    v = np.asarray(values, dtype=np.float64)
-    w = np.asarray(weights, dtype=np.int64)
-    keep = w > 0
-    v, w = v[keep], w[keep]
-    q = np.asarray(percentiles, dtype=np.float64) / 100.0
-    if v.size == 0:
-        return np.full(q.shape, math.nan)
-    order = np.argsort(v, kind="stable")
-    v = v[order]
-    cum = np.cumsum(w[order])
-    pos = (cum[-1] - 1) * q
-    lo = np.floor(pos)
-    t = pos - lo
-    a = v[np.searchsorted(cum, lo, side="right")]
-    b = v[np.searchsorted(cum, np.minimum(lo + 1, cum[-1] - 1), side="right")]
-    diff = b - a
-    return np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)  # numpy's _lerp
-
-
-def describe_ms(values_s: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
-    """Mean, median, population std (as np.std) and tail percentiles, in ms; NaNs ignored."""
-    v = np.asarray(values_s, dtype=np.float64)
-    w = np.ones(v.shape, dtype=np.int64) if weights is None else np.asarray(weights, np.int64)
-    keep = ~np.isnan(v) & (w > 0)
-    v, w = v[keep] * 1e3, w[keep]
-    if v.size == 0:
-        return {k: math.nan for k in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES))}
-    mean = float(np.average(v, weights=w))
-    std = float(math.sqrt(np.average((v - mean) ** 2, weights=w)))
-    pct = weighted_percentiles(v, w, (50, *PERCENTILES))
-    out = {"mean": mean, "median": float(pct[0]), "std": std}
-    out.update({f"p{p}": float(x) for p, x in zip(PERCENTILES, pct[1:], strict=True)})
-    return out
-
-
 def _opt(x: float | None) -> float:
     return math.nan if x is None else x
 
@@ -121,16 +82,21 @@ def _rate(amount: float, duration_s: float) -> float:
 
 
 class RunRecorder:
-    """Compact column store of finished/rejected requests and the per-step log."""
+    """Typed columns of finished/rejected requests (80 B each) and O(1)-size step stats."""
 
-    __slots__ = ("_req", "_step", "_reason_codes")
+    __slots__ = ("_req", "_reason_codes", "_itl", "_series", "_num_steps", "_busy_s",
+                 "_batch_x_s", "_max_kv_blocks_used")
 
-    def __init__(self) -> None:
+    def __init__(self, max_buckets: int = 2048, bucket_width_s: float = 0.01) -> None:
         self._req: dict[str, array] = {k: array("d") for k in _REQ_FLOAT}
         self._req.update({k: array("q") for k in _REQ_INT})
-        self._step: dict[str, array] = {k: array("d") for k in _STEP_FLOAT}
-        self._step.update({k: array("q") for k in _STEP_INT})
         self._reason_codes: dict[str, int] = {}
+        self._itl = LogHistogram()
+        self._series = TimeBuckets(max_buckets, bucket_width_s)
+        self._num_steps = 0
+        self._busy_s = 0.0
+        self._batch_x_s = 0.0  # sum of batch size x step duration
+        self._max_kv_blocks_used: int | None = None
 
     def _append_request(self, req: Request, code: int) -> None:
         c = self._req
@@ -157,20 +123,25 @@ class RunRecorder:
 
     def record_step(self, start_s: float, duration_s: float, plan: StepPlan,
                     num_waiting: int, num_running: int, kv_blocks_used: int) -> None:
-        """One row per engine step; every decode entry emits, so decodes = ITL samples."""
+        """Fold one engine step into the aggregates; every decode emits, so decodes = ITL samples.
+
+        Nothing per step is kept: memory stays fixed however many steps run.
+        """
         shape = plan.shape
-        prefill_tokens = shape.num_prefill_tokens
-        c = self._step
-        c["start_s"].append(start_s)
-        c["duration_s"].append(duration_s)
-        c["batch_size"].append(plan.batch_size)
-        c["num_tokens"].append(prefill_tokens + shape.num_decodes)
-        c["prefill_tokens"].append(prefill_tokens)
-        c["tokens_emitted"].append(plan.emits_token.count(True))  # C-level, unlike sum()
-        c["decode_tokens_emitted"].append(shape.num_decodes)
-        c["num_waiting"].append(num_waiting)
-        c["num_running"].append(num_running)
-        c["kv_blocks_used"].append(kv_blocks_used)
+        decodes = shape.num_decodes
+        batch_size = len(plan.request_ids)
+        chunks = shape.prefill_chunk_tokens
+        # decode-only steps (most of them) skip the 1.4 us count over a batch of 256
+        emitted = plan.emits_token.count(True) if chunks else decodes
+        if decodes:
+            self._itl.add(duration_s, decodes)
+        self._series.add(start_s, duration_s, batch_size, num_waiting, num_running,
+                         kv_blocks_used, sum(chunks) + decodes, emitted)
+        self._num_steps += 1
+        self._busy_s += duration_s
+        self._batch_x_s += batch_size * duration_s
+        if self._max_kv_blocks_used is None or kv_blocks_used > self._max_kv_blocks_used:
+            self._max_kv_blocks_used = kv_blocks_used
 
     @property
     def num_requests(self) -> int:
@@ -178,7 +149,7 @@ class RunRecorder:
 
     @property
     def num_steps(self) -> int:
-        return len(self._step["start_s"])
+        return self._num_steps
 
     def _arrays(self, columns: dict[str, array]) -> dict[str, np.ndarray]:
         # np.array copies: a live buffer view would make later appends raise BufferError.
@@ -201,7 +172,6 @@ class RunRecorder:
                 ) -> dict[str, Any]:
         """vLLM `benchmark_serving` fields plus queue, preemption, batch and KV figures."""
         r = self._request_arrays()
-        s = self._arrays(self._step)
         done = r["finished"]
         completed = int(done.sum())
         finish_s = r["finish_s"][~np.isnan(r["finish_s"])]
@@ -226,19 +196,17 @@ class RunRecorder:
             out["request_goodput"] = _rate(good, duration_s)
             offered = completed + out["rejected"]
             out["slo_attainment"] = good / offered if offered else math.nan
-        groups = {"ttft": (r["ttft_s"], None), "tpot": (r["tpot_s"], None),
-                  "itl": (s["duration_s"], s["decode_tokens_emitted"]),
-                  "e2el": (r["e2el_s"], None), "queue": (r["queue_s"], None)}
-        for metric, (values, weights) in groups.items():
-            for stat, x in describe_ms(values, weights).items():
+        groups = {"ttft": describe_ms(r["ttft_s"]), "tpot": describe_ms(r["tpot_s"]),
+                  "itl": self._itl.describe_ms(), "e2el": describe_ms(r["e2el_s"]),
+                  "queue": describe_ms(r["queue_s"])}
+        for metric, stats in groups.items():
+            for stat, x in stats.items():
                 out[f"{stat}_{metric}_ms"] = x
-        total_step_s = float(s["duration_s"].sum())
         out["total_preemptions"] = int(r["preemptions"][done].sum())
         out["total_prefix_hit_tokens"] = int(r["prefix_hit_tokens"][done].sum())
         out["num_steps"] = self.num_steps
-        out["mean_batch_size"] = (float(np.dot(s["batch_size"], s["duration_s"]) / total_step_s)
-                                  if total_step_s > 0 else math.nan)
-        out["max_kv_blocks_used"] = int(s["kv_blocks_used"].max()) if self.num_steps else None
+        out["mean_batch_size"] = self._batch_x_s / self._busy_s if self._busy_s > 0 else math.nan
+        out["max_kv_blocks_used"] = self._max_kv_blocks_used
         if kv_blocks_total is not None:
             out["kv_blocks_total"] = kv_blocks_total
         return out
@@ -258,30 +226,30 @@ class RunRecorder:
         return frame
 
     def steps_frame(self) -> pd.DataFrame:
-        """The per-step time series (start, duration, batch, tokens, queue, KV)."""
-        return pd.DataFrame(self._arrays(self._step))
+        """The time series, one row per non-empty time bucket (see `TimeBuckets`)."""
+        return pd.DataFrame(self._series.frame())
 
     def write_outputs(self, out_dir: Path, summary: dict[str, Any], plots: bool = True
                       ) -> list[Path]:
-        """Write summary.json, requests.csv, steps.csv and (optionally) PNGs; return paths.
+        """Write summary.json, requests.csv, timeseries.csv and (optionally) PNGs; return paths.
 
-        Plots come after the CSVs and downsample long series, so they never dominate a run.
+        Plots come after the CSVs; the series is at most 2048 buckets, so they stay fast.
         """
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         summary_path = out_dir / "summary.json"
         summary_path.write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n")
-        requests_df, steps_df = self.requests_frame(), self.steps_frame()
-        requests_path, steps_path = out_dir / "requests.csv", out_dir / "steps.csv"
+        requests_df, series_df = self.requests_frame(), self.steps_frame()
+        requests_path, series_path = out_dir / "requests.csv", out_dir / "timeseries.csv"
         requests_df.to_csv(requests_path, index=False)
-        steps_df.to_csv(steps_path, index=False)
-        written = [summary_path, requests_path, steps_path]
+        series_df.to_csv(series_path, index=False)
+        written = [summary_path, requests_path, series_path]
         if plots:
             from sim import plots as plotting  # lazy: matplotlib only when plotting
 
             total = summary.get("kv_blocks_total")
             written.append(plotting.plot_latency_cdfs(requests_df, out_dir / "latency_cdf.png"))
-            written.append(plotting.plot_timeseries(steps_df, out_dir / "timeseries.png",
+            written.append(plotting.plot_timeseries(series_df, out_dir / "timeseries.png",
                                                     kv_blocks_total=total))
         return written
 

@@ -1,9 +1,10 @@
-"""PNG plots of a run: latency CDFs and the per-step time series.
+"""PNG plots of a run: latency CDFs and the bucketed time series.
 
 Figures are built with `matplotlib.figure.Figure` (Agg canvas, no pyplot),
-so nothing touches global backend state or leaks open figures. Long inputs
-are reduced to at most `max_points` before drawing: a million-step run plots
-as fast as a short one, while the CSVs keep every row.
+so nothing touches global backend state or leaks open figures. The time
+series arrives already reduced to at most a few thousand time buckets (see
+`sim.stats.TimeBuckets`), and CDFs are thinned to `max_points`, so a
+million-step run plots as fast as a short one.
 """
 
 from __future__ import annotations
@@ -18,19 +19,6 @@ from matplotlib.figure import Figure
 
 DEFAULT_MAX_POINTS = 5000
 _LOG_X_RATIO = 100.0  # use a log x axis when p99 / p1 exceeds this
-
-
-def bucket_series(x: np.ndarray, y: np.ndarray, max_points: int = DEFAULT_MAX_POINTS
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Split into <= max_points equal-count buckets: (x mean, y mean, y min, y max)."""
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    if x.size <= max_points:
-        return x, y, y, y
-    starts = np.linspace(0, x.size, max_points, endpoint=False).astype(np.int64)
-    counts = np.diff(np.append(starts, x.size))
-    return (np.add.reduceat(x, starts) / counts, np.add.reduceat(y, starts) / counts,
-            np.minimum.reduceat(y, starts), np.maximum.reduceat(y, starts))
 
 
 def ecdf_points(values: np.ndarray, max_points: int = DEFAULT_MAX_POINTS
@@ -88,37 +76,53 @@ def plot_latency_cdfs(requests_df: pd.DataFrame, path: Path) -> Path:
     return _save(fig, path)
 
 
-def _plot_series(ax: Axes, t_s: np.ndarray, y: np.ndarray, ylabel: str,
-                 max_points: int) -> None:
-    tx, mean, low, high = bucket_series(t_s, y, max_points)
+def _plot_series(ax: Axes, t_s: np.ndarray, mean: np.ndarray, peak: np.ndarray,
+                 ylabel: str) -> None:
+    """Busy-time mean per bucket as a line, the bucket maximum as a lighter band above it."""
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
-    if tx.size == 0:
+    if t_s.size == 0:
         _no_data(ax)
         return
-    if t_s.size > max_points:
-        ax.fill_between(tx, low, high, alpha=0.25, linewidth=0, label="bucket min-max")
-    ax.plot(tx, mean, linewidth=1.0)
+    ax.fill_between(t_s, mean, peak, step="mid", alpha=0.25, linewidth=0, label="bucket max")
+    ax.plot(t_s, peak, drawstyle="steps-mid", linewidth=0.6, alpha=0.5)
+    ax.plot(t_s, mean, drawstyle="steps-mid", linewidth=1.0, label="time-weighted mean")
+    ax.ticklabel_format(axis="y", useOffset=False)  # a flat 3.0 reads as 3, not 1e-12+3
 
 
-def plot_timeseries(steps_df: pd.DataFrame, path: Path, kv_blocks_total: int | None = None,
-                    max_points: int = DEFAULT_MAX_POINTS) -> Path:
-    """Batch size, queue length and KV blocks used against simulated time, stacked."""
+def plot_timeseries(series_df: pd.DataFrame, path: Path,
+                    kv_blocks_total: int | None = None) -> Path:
+    """Batch size, queue length and KV blocks used against simulated time, stacked.
+
+    `series_df` is `RunRecorder.steps_frame()`: one row per time bucket.
+    """
     fig = Figure(figsize=(11, 8), layout="constrained")
     axes = fig.subplots(3, 1, sharex=True)
-    t_s = steps_df["start_s"].to_numpy(dtype=np.float64)
-    kv = steps_df["kv_blocks_used"].to_numpy(dtype=np.float64)
+
+    def col(name: str) -> np.ndarray:
+        return series_df[name].to_numpy(dtype=np.float64)
+
+    t_s = 0.5 * (col("t_start_s") + col("t_end_s"))
+    kv_mean, kv_max = col("mean_kv_blocks_used"), col("max_kv_blocks_used")
     if kv_blocks_total:
-        kv, kv_label = 100.0 * kv / kv_blocks_total, f"KV used (% of {kv_blocks_total})"
+        scale = 100.0 / kv_blocks_total
+        kv_mean, kv_max = kv_mean * scale, kv_max * scale
+        kv_label = f"KV used (% of {kv_blocks_total})"
     else:
         kv_label = "KV blocks used"
-    panels = ((steps_df["batch_size"], "batch size (seqs)", "Running batch per step"),
-              (steps_df["num_waiting"], "queue (requests)", "Waiting queue length"),
-              (kv, kv_label, "KV cache occupancy"))
-    for ax, (y, ylabel, title) in zip(axes, panels, strict=True):
-        _plot_series(ax, t_s, np.asarray(y, dtype=np.float64), ylabel, max_points)
+    panels = ((col("mean_batch_size"), col("max_batch_size"), "batch size (seqs)",
+               "Running batch per step"),
+              (col("mean_waiting"), col("max_waiting"), "queue (requests)",
+               "Waiting queue length"),
+              (kv_mean, kv_max, kv_label, "KV cache occupancy"))
+    for ax, (mean, peak, ylabel, title) in zip(axes, panels, strict=True):
+        _plot_series(ax, t_s, mean, peak, ylabel)
         ax.set_title(title)
     axes[-1].set_xlabel("simulated time (s)")
-    note = f", {len(t_s)} steps in {max_points} buckets" if len(t_s) > max_points else ""
+    note = ""
+    if t_s.size:
+        axes[0].legend(loc="upper right", fontsize="small")
+        width_s = float(series_df["t_end_s"].iloc[0] - series_df["t_start_s"].iloc[0])
+        note = f", {t_s.size} buckets of {width_s:.3g} s"
     fig.suptitle(f"Run time series{note}")
     return _save(fig, path)

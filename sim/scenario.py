@@ -6,16 +6,26 @@ H100 under moderate Poisson load), so `servesim run` with no file runs it.
 
 from __future__ import annotations
 
+import copy
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sim.specs import (
     HardwareSpec,
     ModelSpec,
+    check_tp,
     get_hardware,
     get_model,
     hardware_from_fields,
@@ -30,8 +40,9 @@ class ScenarioError(Exception):
 
 # Azure-2023-conversation-like lengths at a moderate rate: the quickstart.
 DEFAULT_WORKLOAD: dict[str, Any] = {
-    "arrivals": {"process": "poisson", "rate": 4.0},
-    "prompt_tokens": {"dist": "lognormal", "mean": 1155, "cv": 1.0, "min": 4, "max": 8000},
+    "arrivals": {"process": "poisson", "rate": 8.0},
+    # max 6000 + output max 2000 stays within Llama-3-8B's 8192-token context
+    "prompt_tokens": {"dist": "lognormal", "mean": 1155, "cv": 1.0, "min": 4, "max": 6000},
     "output_tokens": {"dist": "lognormal", "mean": 211, "cv": 1.0, "min": 1, "max": 2000},
     "num_requests": 1000,
 }
@@ -67,6 +78,13 @@ class SchedulerConfig(_Strict):
     max_num_batched_tokens: int = Field(8192, ge=1)
     chunked_prefill: bool = True
     max_model_len: int | None = Field(None, ge=2, description="default: the model's context")
+
+    @model_validator(mode="after")
+    def _decodes_fit_a_step(self) -> SchedulerConfig:
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
+                             f">= max_num_seqs ({self.max_num_seqs}) so every decode fits a step")
+        return self
 
 
 class KVConfig(_Strict):
@@ -127,18 +145,22 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
     """Apply `key.path=value` strings (values parsed as YAML) to a raw scenario dict."""
     for item in overrides:
         key, sep, text = item.partition("=")
-        if not sep or not key:
+        *parents, leaf = key.strip().split(".")
+        if not sep or not all((*parents, leaf)):
             raise ScenarioError(f"--set {item!r}: expected key.path=value")
         node = raw
-        *parents, leaf = key.split(".")
         for part in parents:
             child = node.get(part)
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ScenarioError(f"--set {item!r}: {part!r} is not a section")
+                raise ScenarioError(f"--set {item!r}: {part!r} is {child!r}, not a section")
             node = child
-        node[leaf] = yaml.safe_load(text)
+        try:
+            node[leaf] = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ScenarioError(f"--set {item!r}: value is not valid YAML: "
+                                f"{_yaml_problem(err)}") from None
     return raw
 
 
@@ -153,47 +175,141 @@ def load_scenario(path: str | Path | None, overrides: Sequence[str] = ()) -> tup
             raw = yaml.safe_load(path.read_text()) or {}
         except FileNotFoundError:
             raise ScenarioError(f"{path}: no such scenario file") from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise ScenarioError(f"{path}: cannot read: {getattr(err, 'strerror', err)}") from None
         except yaml.YAMLError as err:
-            raise ScenarioError(f"{path}: not valid YAML: {err}") from None
+            raise ScenarioError(f"{path}: not valid YAML: {_yaml_problem(err)}") from None
         if not isinstance(raw, dict):
-            raise ScenarioError(f"{path}: a scenario must be a mapping of fields")
+            raise ScenarioError(f"{path}: a scenario must be a mapping of fields, "
+                                f"got {type(raw).__name__}")
         base_dir = path.resolve().parent
+    if "workload" not in raw:
+        # an omitted workload means the default one; `--set workload.x=...` edits it
+        raw["workload"] = copy.deepcopy(DEFAULT_WORKLOAD)
     raw = apply_overrides(raw, overrides)
+    source = str(path or "default scenario")
     try:
-        return Scenario.model_validate(raw), base_dir
+        scenario = Scenario.model_validate(raw)
     except ValidationError as err:
-        raise ScenarioError(format_errors(err, str(path or "default scenario"))) from None
+        raise ScenarioError(format_errors(err, source)) from None
+    try:
+        check_tp(scenario.model_spec, scenario.hardware.count)
+    except ValueError as err:
+        raise ScenarioError(f"{source}: hardware.count: {err}") from None
+    return scenario, base_dir
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's multi-line report squeezed to 'what, at line L, column C'."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}"
 
 
 def format_errors(err: ValidationError, source: str) -> str:
-    """One line per problem: field path, what is wrong, the value given."""
-    lines = [f"{source}: invalid scenario"]
-    for problem in err.errors():
-        loc = ".".join(str(p) for p in problem["loc"] if not _is_union_tag(p))
-        msg = problem["msg"].removeprefix("Value error, ")
-        if problem["type"] == "extra_forbidden":
-            msg = f"unknown key{_allowed_keys(problem['loc'])}"
-        value = problem.get("input")
-        shown = "" if problem["type"] in ("missing", "extra_forbidden") else f" (got {value!r})"
-        lines.append(f"  {loc}: {msg}{shown}")
-    return "\n".join(lines)
+    """One line per problem: field path, what is wrong, the value given.
+
+    Pydantic's raw report names union members in locations, adds URLs and
+    prefixes; a user wants the YAML path they typed and the allowed values.
+    """
+    problems: dict[str, tuple[list[str], str]] = {}  # path -> messages, value shown
+    for problem in err.errors(include_url=False):
+        path, message, shown = _describe(problem)
+        messages, _ = problems.setdefault(path, ([], shown))
+        if message not in messages:
+            messages.append(message)
+    lines = [f"{path}: {_join(messages)}{shown}" for path, (messages, shown) in problems.items()]
+    if len(lines) == 1:
+        return f"{source}: {lines[0]}"
+    return "\n".join([f"{source}: {len(lines)} problems", *(f"  {line}" for line in lines)])
+
+
+def _describe(problem: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(field path, message, ' (got VALUE)' or '') for one pydantic error."""
+    kind, loc, value = problem["type"], tuple(problem["loc"]), problem.get("input")
+    parts, models = _clean_loc(loc)
+    message = _NOISE.sub("", problem["msg"])
+    show_value = kind not in ("missing", "extra_forbidden")
+    if kind == "extra_forbidden":
+        _, owners = _clean_loc(loc[:-1])
+        allowed = list(dict.fromkeys(name for m in owners for name in m.model_fields))
+        message = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+    elif kind in ("union_tag_invalid", "union_tag_not_found"):
+        key = str(problem.get("ctx", {}).get("discriminator", "")).strip("'")
+        tags = [t for m in models for t in _literal_values(m, key)]
+        parts.append(key)
+        if kind == "union_tag_invalid":
+            value = problem["ctx"]["tag"]
+            message = f"unknown value {value!r}"
+        else:
+            message, show_value = "missing", False
+        message += f"; allowed: {', '.join(tags)}" if tags else ""
+    elif isinstance(value, Mapping) and kind.endswith("_error"):
+        show_value = False  # a section-level check: its message names the values
+    shown = ""
+    if show_value and repr(value) not in message:
+        text = repr(value)
+        shown = f" (got {text if len(text) <= 60 else text[:57] + '...'})"
+    return ".".join(parts) or "(top level)", message, shown
+
+
+_NOISE = re.compile(r"^(Value error|Assertion failed), | or (instance of \w+|object to extract "
+                    r"fields from)")
+
+
+def _join(messages: list[str]) -> str:
+    """'should be a valid string' + 'should be a valid dictionary' -> one 'or' sentence."""
+    lead = "Input should be "
+    if len(messages) > 1 and all(m.startswith(lead) for m in messages):
+        return lead + " or ".join(m.removeprefix(lead) for m in messages)
+    return "; ".join(messages)
+
+
+def _clean_loc(loc: tuple[Any, ...]) -> tuple[list[str], list[type[BaseModel]]]:
+    """The user's field path for a pydantic location, and the model(s) it ends in.
+
+    Walks the schema so union member names ('poisson', 'str', 'function-after[...]')
+    are dropped while real keys, even unknown ones, are kept.
+    """
+    models: list[type[BaseModel]] = [Scenario]
+    parts: list[str] = []
+    for part in loc:
+        if isinstance(part, int):
+            parts.append(str(part))
+            continue
+        owners = [m for m in models if part in m.model_fields]
+        if owners:
+            parts.append(part)
+            models = list(dict.fromkeys(
+                sub for m in owners for sub in _models_in(m.model_fields[part].annotation)))
+        elif any(part in _literal_values(m) for m in models):
+            models = [m for m in models if part in _literal_values(m)]
+        elif not models and _is_union_tag(part):
+            continue
+        else:
+            parts.append(part)
+            models = []
+    return parts, models
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models a field can hold, through Optional, unions and Annotated."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _literal_values(model: type[BaseModel], key: str | None = None) -> list[str]:
+    """Values of single-choice Literal fields: the tags of a discriminated union."""
+    values = []
+    for name, field in model.model_fields.items():
+        if (key is None or name == key) and get_origin(field.annotation) is Literal:
+            values.extend(str(v) for v in get_args(field.annotation))
+    return values
 
 
 def _is_union_tag(part: Any) -> bool:
-    """Pydantic puts union member names (e.g. 'str', 'dict[str,any]') in locations."""
-    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float"))
-
-
-def _allowed_keys(loc: tuple[Any, ...]) -> str:
-    model: Any = Scenario
-    for part in loc[:-1]:
-        field = getattr(model, "model_fields", {}).get(part)
-        if field is None:
-            return ""
-        model = field.annotation
-        args = getattr(model, "__args__", None)
-        if args:  # Optional[X] and friends
-            model = next((a for a in args if hasattr(a, "model_fields")), None)
-        if model is None or not hasattr(model, "model_fields"):
-            return ""
-    return "; allowed: " + ", ".join(model.model_fields)
+    """Member names pydantic gives plain-type unions, e.g. 'str', 'dict[str,any]'."""
+    return isinstance(part, str) and (
+        "[" in part or part in ("str", "int", "float", "bool", "none", "list", "dict"))

@@ -2,6 +2,7 @@
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from reference_scheduler import ReferencePagedBlockManager
 
 from sim.core.kv import NULL_BLOCK, PagedBlockManager, num_kv_blocks
 
@@ -32,8 +33,8 @@ def test_watermark_holds_back_admission_but_not_growth() -> None:
     assert kv.allocate(1, 8) == 0
     assert kv.allocate(2, 1) == -1
     assert kv.allocate(2, 1, use_watermark=False) == 0
-    assert kv.append_slots(1, 9)
-    assert not kv.append_slots(1, 11)
+    assert kv.append_slots(1, 9) is not None
+    assert kv.append_slots(1, 11) is None
     kv.check_invariants()
 
 
@@ -41,6 +42,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.kv = PagedBlockManager(num_blocks=33, block_size=4, watermark=0.05)
+        # the pre-FIFO implementation, fed the same operations: block ids must match
+        self.ref = ReferencePagedBlockManager(num_blocks=33, block_size=4, watermark=0.05)
         self.tokens: dict[int, int] = {}
         self.next_id = 0
 
@@ -49,7 +52,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         before = self.kv.num_free_blocks
         rid = self.next_id
         self.next_id += 1
-        if self.kv.allocate(rid, num_tokens) >= 0:
+        ok = self.kv.allocate(rid, num_tokens)
+        assert ok == self.ref.allocate(rid, num_tokens)
+        if ok >= 0:
             self.tokens[rid] = num_tokens
             assert self.kv.num_slots(rid) >= num_tokens
         else:
@@ -61,7 +66,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def append(self, data: st.DataObject, extra: int) -> None:
         rid = data.draw(st.sampled_from(sorted(self.tokens)))
         table_before = self.kv.block_table(rid)
-        if self.kv.append_slots(rid, self.tokens[rid] + extra):
+        table = self.kv.append_slots(rid, self.tokens[rid] + extra)
+        assert table == self.ref.append_slots(rid, self.tokens[rid] + extra)
+        if table is not None:
             self.tokens[rid] += extra
             assert self.kv.block_table(rid)[: len(table_before)] == table_before
         else:
@@ -72,6 +79,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def free(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from(sorted(self.tokens)))
         self.kv.free(rid)
+        self.ref.free(rid)
         del self.tokens[rid]
 
     @precondition(lambda self: self.tokens)
@@ -80,8 +88,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
         """Recompute preemption: drop the newest request's KV and re-admit it from scratch."""
         rid = max(self.tokens)
         self.kv.free(rid)
+        self.ref.free(rid)
         del self.tokens[rid]
-        if self.kv.allocate(rid, 1) >= 0:
+        assert self.kv.allocate(rid, 1) == self.ref.allocate(rid, 1)
+        if self.kv.block_table(rid):
             self.tokens[rid] = 1
 
     @invariant()
@@ -89,6 +99,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.kv.check_invariants()
         blocks = sum(self.kv.blocks_for(n) for n in self.tokens.values())
         assert self.kv.num_used_blocks == blocks
+        assert self.kv.num_free_blocks == self.ref.num_free_blocks
+        for rid in self.tokens:
+            assert self.kv.block_table(rid) == self.ref.block_table(rid)
 
     def teardown(self) -> None:
         for rid in list(self.tokens):
@@ -98,3 +111,23 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
+
+
+def test_fifo_matches_reference_over_many_cycles() -> None:
+    """Enough churn to wrap the free queue's consumed prefix many times over."""
+    kv, ref = PagedBlockManager(50, 2, 0.0), ReferencePagedBlockManager(50, 2, 0.0)
+    live: list[int] = []
+    for rid in range(20_000):
+        size = 1 + (rid * 7919) % 60
+        assert kv.allocate(rid, size) == ref.allocate(rid, size)
+        if kv.block_table(rid):
+            live.append(rid)
+            assert kv.block_table(rid) == ref.block_table(rid)
+        while kv.num_free_blocks < 20 and live:
+            victim = live.pop((rid * 31) % len(live))
+            kv.free(victim)
+            ref.free(victim)
+    kv.check_invariants()
+    assert kv.num_free_blocks == ref.num_free_blocks
+    assert len(kv._free) < 5_000, "the consumed prefix of the free queue is never dropped"
+    assert all(kv.refcount(b) == ref._refcounts[b] for b in range(kv.num_blocks))

@@ -82,6 +82,16 @@ def test_short_context_reports_a_finite_crossover(capsys: pytest.CaptureFixture[
     assert code == 0 and f"batch {report['crossover_batch']:,.1f}" in out
 
 
+def test_weights_only_crossover_comes_before_any_context(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """KV reads only add memory traffic, so context can only delay the crossover."""
+    short = run_json(["--model", "llama-3-70b", "--gpus", "8", "--context", "256"], capsys)
+    linear = short["crossover_batch_weights_only"]
+    assert short["crossover_batch"] is None or short["crossover_batch"] > linear
+    fp8 = run_json(["--model", "llama-3-70b", "--gpus", "8", "--dtype-bytes", "1"], capsys)
+    assert fp8["crossover_batch_weights_only"] < linear  # half the bytes: compute-bound sooner
+
+
 def test_model_too_big_leaves_no_kv(capsys: pytest.CaptureFixture[str]) -> None:
     report = run_json(["--model", "llama-3.1-405b"], capsys)
     assert report["kv_budget_bytes"] == 0 and report["max_concurrency"] == 0

@@ -1,4 +1,5 @@
-"""RunRecorder metrics against hand-computed cases, and the outputs it writes."""
+"""RunRecorder metrics against hand-computed cases, its bounded step aggregates
+(log histogram, adaptive time buckets), and the outputs it writes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from hypothesis import strategies as st
 from sim.core.plan import StepPlan, StepShape
 from sim.core.request import Request, RequestState
 from sim.metrics import SLO, RunRecorder, describe_ms, format_summary, weighted_percentiles
-from sim.plots import bucket_series, plot_timeseries
+from sim.plots import plot_timeseries
+from sim.stats import LogHistogram, TimeBuckets
+
+# the documented percentile bound of LogHistogram's default 0.1% bins, plus float slack
+HIST_REL = math.sqrt(1.001) - 1 + 1e-9
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -103,15 +108,20 @@ def test_pooled_itl_equals_per_gap_itl() -> None:
     rec, token_times = two_request_run()
     gaps_ms = np.concatenate([np.diff(t) for t in token_times.values()]) * 1e3
     s = rec.summary()
-    assert s["mean_itl_ms"] == pytest.approx(np.mean(gaps_ms))
-    assert s["std_itl_ms"] == pytest.approx(np.std(gaps_ms))
+    assert s["mean_itl_ms"] == pytest.approx(np.mean(gaps_ms), rel=1e-9)
+    assert s["std_itl_ms"] == pytest.approx(np.std(gaps_ms), rel=1e-9)
     for p in (50, 90, 95, 99):
         key = "median_itl_ms" if p == 50 else f"p{p}_itl_ms"
-        assert s[key] == pytest.approx(np.percentile(gaps_ms, p))
-    steps = rec.steps_frame()
-    assert steps["decode_tokens_emitted"].tolist() == [0, 1, 2, 1]
-    assert steps["tokens_emitted"].tolist() == [1, 2, 2, 1]
-    assert steps["num_tokens"].tolist() == [10, 7, 2, 1]
+        assert s[key] == pytest.approx(np.percentile(gaps_ms, p), rel=HIST_REL)
+    series = rec.steps_frame()  # 10 ms buckets: each step in its own bucket
+    assert series["steps"].tolist() == [1, 1, 1, 1]
+    assert series["tokens_emitted"].tolist() == [1, 2, 2, 1]
+    assert series["tokens"].tolist() == [10, 7, 2, 1]
+    assert series["busy_s"].tolist() == pytest.approx([0.10, 0.02, 0.03, 0.01])
+    assert series["mean_batch_size"].tolist() == [1, 2, 2, 1]
+    assert series["mean_waiting"].tolist() == [1, 0, 0, 0]
+    assert series["max_kv_blocks_used"].tolist() == [1, 2, 2, 1]
+    assert series["t_start_s"].iloc[0] == 0.0 and series["t_end_s"].iloc[0] == 0.01
 
 
 def test_tpot_excludes_single_token_outputs() -> None:
@@ -188,7 +198,7 @@ def test_write_outputs_and_plots(tmp_path: Path) -> None:
     summary = rec.summary(slo=SLO(ttft_ms=90, tpot_ms=30), kv_blocks_total=8)
     paths = rec.write_outputs(tmp_path / "out", summary)
     names = {p.name for p in paths}
-    assert {"summary.json", "requests.csv", "steps.csv"} <= names
+    assert {"summary.json", "requests.csv", "timeseries.csv"} <= names
     assert all(p.exists() for p in paths)
     assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
     pngs = [p for p in paths if p.suffix == ".png"]
@@ -198,6 +208,9 @@ def test_write_outputs_and_plots(tmp_path: Path) -> None:
         assert len(data) > 0 and data.startswith(PNG_MAGIC)
     lines = (tmp_path / "out" / "requests.csv").read_text().splitlines()
     assert len(lines) == 1 + 3
+    series_lines = (tmp_path / "out" / "timeseries.csv").read_text().splitlines()
+    assert series_lines[0].startswith("t_start_s,t_end_s,steps,busy_s,mean_batch_size")
+    assert len(series_lines) == 1 + 4
     no_plots = rec.write_outputs(tmp_path / "bare", summary, plots=False)
     assert [p.suffix for p in no_plots] == [".json", ".csv", ".csv"]
 
@@ -226,18 +239,135 @@ def test_format_summary_block() -> None:
     assert len({len(line) for line in lines}) == 1  # every line the same width
 
 
-def test_long_timeseries_is_bucketed(tmp_path: Path) -> None:
-    n = 120_000
-    t = np.arange(n, dtype=np.float64)
-    tx, mean, low, high = bucket_series(t, t % 7, max_points=5000)
-    assert tx.size <= 5000 and np.all(low <= mean) and np.all(mean <= high)
-    assert low.min() == 0 and high.max() == 6
-    rec = RunRecorder()
+def test_bucketed_timeseries_plots(tmp_path: Path) -> None:
+    rec = RunRecorder(max_buckets=64)
     step = plan([(0, 1, 5, False, True)])
-    for i in range(n):
+    for i in range(5000):
         rec.record_step(i * 0.01, 0.01, step, i % 5, 1, i % 11)
-    png = plot_timeseries(rec.steps_frame(), tmp_path / "ts.png", kv_blocks_total=16)
+    series = rec.steps_frame()
+    assert len(series) <= 64
+    assert (series["mean_waiting"] <= series["max_waiting"]).all()
+    png = plot_timeseries(series, tmp_path / "ts.png", kv_blocks_total=16)
     assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+def _footprint(obj: object) -> dict[str, int]:
+    """Length of every container held by the recorder and its accumulators."""
+    sizes: dict[str, int] = {}
+    for owner_name, owner in (("rec", obj), ("itl", obj._itl), ("series", obj._series)):
+        for slot in type(owner).__slots__:
+            value = getattr(owner, slot)
+            if isinstance(value, dict):
+                sizes[f"{owner_name}.{slot}"] = len(value)
+                sizes.update({f"{owner_name}.{slot}.{k}": len(v) for k, v in value.items()})
+            elif hasattr(value, "__len__"):
+                sizes[f"{owner_name}.{slot}"] = len(value)
+    return sizes
+
+
+def test_memory_is_bounded_in_steps() -> None:
+    """A million steps leave every container the size it had after a thousand."""
+    rec = RunRecorder()
+    step = plan([(0, 1, 5, False, True), (1, 1, 9, False, True)])
+    record = rec.record_step
+    for i in range(1000):
+        record(i * 0.02, 0.02, step, i % 3, 2, i % 7)
+    early = _footprint(rec)
+    for i in range(1000, 1_000_000):
+        record(i * 0.02, 0.02, step, i % 3, 2, i % 7)
+    assert _footprint(rec) == early
+    assert len(rec._series.steps) == 2048 and rec._itl.num_bins == early["itl._counts"]
+    assert rec.num_steps == 1_000_000 and rec._itl.count == 2_000_000
+    series = rec.steps_frame()
+    assert len(series) <= 2048 and series["steps"].sum() == 1_000_000
+    assert rec._series.width_s == pytest.approx(0.01 * 2**10)  # 20,000 s over 2048 buckets
+    s = rec.summary()
+    assert s["num_steps"] == 1_000_000 and s["max_kv_blocks_used"] == 6
+    assert s["mean_itl_ms"] == pytest.approx(20.0, rel=1e-9)
+
+
+def test_bucket_merging_keeps_totals_and_maxima() -> None:
+    """Many doublings (10 ms to ~2.6e5 s wide) against numpy over the raw steps."""
+    rng = np.random.default_rng(7)
+    n = 20_000
+    start = np.sort(rng.uniform(0, 1e6, n)) * rng.uniform(0, 1, n).round()  # bursts at t=0
+    start = np.sort(start)
+    dur = rng.exponential(0.03, n)
+    cols = rng.integers(0, 500, (5, n))  # batch, waiting, running, kv, tokens
+    buckets = TimeBuckets(max_buckets=8, width_s=0.01)
+    for i in range(n):
+        b, w, r, kv, tok = (int(x) for x in cols[:, i])
+        buckets.add(float(start[i]), float(dur[i]), b, w, r, kv, tok, b)
+    assert buckets.width_s >= 1e6 / 8 and len(buckets.steps) == 8
+    f = buckets.frame()
+    assert f["steps"].sum() == n and f["tokens"].sum() == cols[4].sum()
+    assert f["busy_s"].sum() == pytest.approx(dur.sum(), rel=1e-12)
+    for k, name in enumerate(("batch_size", "waiting", "running", "kv_blocks_used")):
+        assert f[f"max_{name}"].max() == cols[k].max()
+    # per bucket: equal to grouping the raw steps at the final width
+    idx = (start * (1.0 / buckets.width_s)).astype(np.int64)
+    rows = np.unique(idx)
+    np.testing.assert_array_equal(f["t_start_s"], rows * buckets.width_s)
+    np.testing.assert_array_equal(f["steps"], np.bincount(idx)[rows])
+    busy = np.bincount(idx, dur)[rows]
+    np.testing.assert_allclose(f["busy_s"], busy, rtol=1e-12)
+    np.testing.assert_allclose(f["mean_kv_blocks_used"],
+                               np.bincount(idx, cols[3] * dur)[rows] / busy, rtol=1e-12)
+    peak = np.zeros(rows.size, dtype=np.int64)
+    np.maximum.at(peak, np.searchsorted(rows, idx), cols[1])
+    np.testing.assert_array_equal(f["max_waiting"], peak)
+
+
+def test_time_buckets_refuse_negative_start() -> None:
+    with pytest.raises(ValueError):
+        TimeBuckets().add(-1.0, 0.1, 1, 0, 1, 1, 1, 1)
+
+
+def test_itl_std_is_exact_when_jitter_is_tiny() -> None:
+    """std << mean (a steady batch): Welford keeps 1e-9 where E[x^2] - mean^2 cancels."""
+    rng = np.random.default_rng(3)
+    values = 0.02 + rng.normal(0, 1e-7, 50_000)
+    weights = rng.integers(1, 300, values.size)
+    hist = LogHistogram()
+    for v, w in zip(values.tolist(), weights.tolist(), strict=True):
+        hist.add(v, w)
+    expanded = np.repeat(values, weights)
+    assert hist.count == expanded.size
+    assert hist.mean_s == pytest.approx(np.mean(expanded), rel=1e-12)
+    assert hist.std_s == pytest.approx(np.std(expanded), rel=1e-9)
+    assert (hist.min_s, hist.max_s) == (values.min(), values.max())
+
+
+samples_st = st.lists(st.tuples(st.floats(min_value=1e-6, max_value=9e3, allow_nan=False),
+                                st.integers(1, 50)), min_size=1, max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(samples=samples_st, qs=st.lists(st.floats(0, 100), min_size=1, max_size=5))
+def test_histogram_percentiles_within_documented_bound(samples: list[tuple[float, int]],
+                                                       qs: list[float]) -> None:
+    hist = LogHistogram()
+    for value, weight in samples:
+        hist.add(value, weight)
+    values = np.array([v for v, _ in samples])
+    expanded = np.repeat(values, [w for _, w in samples])
+    qs = [*qs, 0, 50, 90, 99, 100]
+    np.testing.assert_allclose(hist.percentiles(qs), np.percentile(expanded, qs),
+                               rtol=HIST_REL, atol=0)
+    assert hist.percentiles([0, 100]).tolist() == [values.min(), values.max()]
+    assert hist.mean_s == pytest.approx(np.mean(expanded), rel=1e-9)
+    assert hist.std_s == pytest.approx(np.std(expanded), rel=1e-9, abs=1e-12 * values.max())
+
+
+def test_histogram_outside_range_uses_exact_extremes() -> None:
+    hist = LogHistogram()
+    hist.add(0.0, 3)  # an instant step underflows
+    hist.add(2e4, 1)  # past hi_s: overflow bin
+    hist.add(0.5, 4)
+    pct = hist.percentiles([0, 50, 100])
+    assert pct[0] == 0.0 and pct[2] == 2e4
+    assert pct[1] == pytest.approx(0.5, rel=HIST_REL)
+    assert math.isnan(LogHistogram().percentiles([50])[0])
 
 
 values_st = st.lists(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False),

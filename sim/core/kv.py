@@ -5,11 +5,16 @@ Free blocks sit in an ordered queue (oldest freed first) so that, once prefix
 caching names blocks by content, reuse evicts the least recently used.
 Block tables are tuples, rebuilt only when a block is added (every
 `block_size` tokens), so a step plan can hold them without copying.
+
+The free queue is a FIFO list consumed from a moving head, so whole tables
+are taken with C-speed slices: a request allocates and frees ~100 blocks, and
+an OrderedDict popped one block at a time cost more than the rest of the
+simulation. Refcounts are stored (shared prefix blocks will need them); a
+block returns to the queue only when its count drops to zero.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 NULL_BLOCK = 0
@@ -64,8 +69,11 @@ class PagedBlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.watermark_blocks = int(watermark * (num_blocks - 1))
+        # the free queue is _free[_head:], oldest freed first; the consumed prefix is
+        # dropped once it outweighs the live part, so memory stays O(num_blocks)
+        self._free: list[int] = list(range(1, num_blocks))
+        self._head = 0
         self._refcounts = [0] * num_blocks
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         self._tables: dict[int, tuple[int, ...]] = {}
 
     # -- sizes ---------------------------------------------------------------
@@ -75,11 +83,11 @@ class PagedBlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) - self._head
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_usable_blocks - len(self._free)
+        return self.num_usable_blocks - len(self._free) + self._head
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -102,49 +110,85 @@ class PagedBlockManager:
             raise ValueError(f"request {request_id} already holds blocks")
         needed = self.blocks_for(num_tokens)
         reserve = self.watermark_blocks if use_watermark else 0
-        if len(self._free) - needed < reserve:
+        if len(self._free) - self._head - needed < reserve:
             return -1
         self._tables[request_id] = self._take(needed)
         return 0
 
-    def append_slots(self, request_id: int, num_tokens: int) -> bool:
-        """Grow the request's table to cover `num_tokens`; False (no change) if blocks ran out."""
+    def append_slots(self, request_id: int, num_tokens: int) -> tuple[int, ...] | None:
+        """Grow the request's table to cover `num_tokens`; returns it, or None if blocks ran out.
+
+        Called for every running sequence every step, so the common case (the last
+        block still has room) is one dict lookup and a comparison.
+        """
         table = self._tables[request_id]
-        missing = self.blocks_for(num_tokens) - len(table)
+        missing = -(-num_tokens // self.block_size) - len(table)
         if missing <= 0:
-            return True
-        if missing > len(self._free):
-            return False
-        self._tables[request_id] = table + self._take(missing)
-        return True
+            return table
+        if missing > len(self._free) - self._head:
+            return None
+        table = self._tables[request_id] = table + self._take(missing)
+        return table
+
+    def append_block_each(self, request_ids: list[int]) -> list[tuple[int, ...]] | None:
+        """Add one block to each request's table, in order; returns the new tables.
+
+        Same blocks as calling append_slots one request at a time, in one call for the
+        decodes that crossed a block boundary this step. None if the pool runs short,
+        and then nothing changes (the caller goes one by one and preempts).
+        """
+        if len(request_ids) > len(self._free) - self._head:
+            return None
+        tables = self._tables
+        grown = []
+        for request_id, block in zip(request_ids, self._take(len(request_ids)), strict=True):
+            table = tables[request_id] = tables[request_id] + (block,)
+            grown.append(table)
+        return grown
 
     def free(self, request_id: int) -> None:
-        """Return a request's blocks; freed blocks go to the back of the queue (LRU)."""
-        refcounts, free = self._refcounts, self._free
+        """Return a request's blocks; freed blocks go to the back of the queue (LRU).
+
+        The table's tail goes first: it is the least useful to a later prefix hit.
+        """
+        refcounts = self._refcounts
+        released = []
         for block in reversed(self._tables.pop(request_id, ())):
             refcounts[block] -= 1
-            if refcounts[block] == 0:
-                free[block] = None
+            if not refcounts[block]:
+                released.append(block)
+        self._free.extend(released)
 
     def _take(self, count: int) -> tuple[int, ...]:
-        refcounts, free = self._refcounts, self._free
-        blocks = []
-        for _ in range(count):
-            block, _unused = free.popitem(last=False)
+        head, free = self._head, self._free
+        blocks = tuple(free[head:head + count])
+        refcounts = self._refcounts
+        for block in blocks:
             refcounts[block] = 1
-            blocks.append(block)
-        return tuple(blocks)
+        head += count
+        if head > 4096 and 2 * head > len(free):
+            del free[:head]
+            head = 0
+        self._head = head
+        return blocks
+
+    def refcount(self, block: int) -> int:
+        return self._refcounts[block]
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the accounting is broken; for tests."""
-        used = {b for table in self._tables.values() for b in table}
-        assert NULL_BLOCK not in used and NULL_BLOCK not in self._free, "null block handed out"
-        assert len(used) + len(self._free) == self.num_usable_blocks, "free + used != total"
-        assert not used & self._free.keys(), "a block is both free and used"
+        free_list = self._free[self._head:]
+        free = set(free_list)
+        assert len(free) == len(free_list), "a block is queued as free twice"
         holders: dict[int, int] = {}
         for table in self._tables.values():
             for b in table:
                 holders[b] = holders.get(b, 0) + 1
+        assert NULL_BLOCK not in holders and NULL_BLOCK not in free, "null block handed out"
+        assert len(holders) + len(free) == self.num_usable_blocks, "free + used != total"
+        assert not holders.keys() & free, "a block is both free and used"
+        assert all(1 <= b < self.num_blocks for b in free), "free block id out of range"
         for b, count in enumerate(self._refcounts):
             assert count >= 0, f"block {b} refcount {count} < 0"
-            assert count == holders.get(b, 0), f"block {b} refcount {count} != holders"
+            assert count == holders.get(b, 0), f"block {b} refcount {count} != its holders"
+        assert all(n == 1 for n in holders.values()), "a block shared without a prefix cache"

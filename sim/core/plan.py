@@ -67,9 +67,8 @@ class StepPlan:
 
     def __post_init__(self) -> None:
         n = len(self.request_ids)
-        columns = (self.num_new_tokens, self.context_tokens, self.block_tables,
-                   self.is_prefill, self.emits_token)
-        if any(len(c) != n for c in columns):
+        if not (len(self.num_new_tokens) == len(self.context_tokens) == len(self.block_tables)
+                == len(self.is_prefill) == len(self.emits_token) == n):
             raise ValueError("StepPlan columns must all have one entry per request")
 
     @property

@@ -22,7 +22,15 @@ class RequestState(Enum):
 
 @dataclass(slots=True, eq=False)
 class Request:
-    """Mutable per-request state; kept compact because the hot loop touches it every step."""
+    """Mutable per-request state; kept compact because the hot loop touches it every step.
+
+    Lazily synced: while a request runs in a large batch, the continuous scheduler
+    keeps `num_computed_tokens` and `num_output_done` in arrays and these fields may
+    be stale; call `ContinuousScheduler.sync_requests()` before reading them then.
+    They are exact whenever a request is waiting, preempted, finished or rejected,
+    and `first_scheduled_s`, `first_token_s`, `finish_s`, `state` and
+    `num_preemptions` are always set at the step they belong to.
+    """
 
     request_id: int
     arrival_s: float

@@ -7,6 +7,11 @@ left of the budget is chunked (when chunked prefill is on); a request that
 cannot get a block preempts the most recently admitted request, which drops
 its KV and re-queues at the front (recompute). Waiting requests are admitted
 FCFS only while no one was preempted this step and blocks are free.
+
+Two implementations of that rule give identical plans: a per-request path for
+small batches (cheapest there), and an array path (running_batch.py) whose
+cost per step barely grows with the batch; the scheduler switches between them
+with hysteresis on the running-set size.
 """
 
 from __future__ import annotations
@@ -14,27 +19,35 @@ from __future__ import annotations
 from collections import deque
 
 from sim.core.kv import PagedBlockManager
-from sim.core.plan import StepPlan, StepResult, StepShape
+from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
+from sim.core.schedulers.plan_builder import PlanBuilder
+from sim.core.schedulers.running_batch import RunningBatch
 
 
 class ContinuousScheduler:
+    """`vectorize_at`: running-set size from which the array path is used (back below half)."""
+
     def __init__(self, kv: PagedBlockManager, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, chunked_prefill: bool = True,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, vectorize_at: int = 24) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= "
                              f"max_num_seqs ({max_num_seqs}) so every decode fits a step")
+        if vectorize_at < 1:
+            raise ValueError(f"vectorize_at must be >= 1, got {vectorize_at}")
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked_prefill = chunked_prefill
         self.max_model_len = max_model_len
+        self.vectorize_at = vectorize_at
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is the next victim
         self._in_flight: dict[int, Request] = {}
+        self._batch: RunningBatch | None = None  # set while the array path owns the counters
 
     # -- queries -------------------------------------------------------------
     @property
@@ -54,6 +67,11 @@ class ContinuousScheduler:
 
     def next_wakeup(self, now: float) -> float | None:
         return None
+
+    def sync_requests(self) -> None:
+        """Make running requests' `num_computed_tokens`/`num_output_done` exact (see Request)."""
+        if self._batch is not None:
+            self._batch.sync()
 
     # -- contract ------------------------------------------------------------
     def add(self, request: Request, now: float) -> bool:
@@ -78,36 +96,69 @@ class ContinuousScheduler:
         return None
 
     def schedule(self, now: float) -> StepPlan | None:
+        batch, n = self._batch, len(self.running)
+        if batch is None:
+            if n >= self.vectorize_at:
+                self._batch = RunningBatch(self.running, self.kv)
+                return self._schedule_batch(now)
+            return self._schedule_each(now)
+        if n < self.vectorize_at // 2:
+            batch.sync()
+            self._batch = None
+            return self._schedule_each(now)
+        return self._schedule_batch(now)
+
+    def _schedule_batch(self, now: float) -> StepPlan | None:
+        """The array path: running sequences in bulk, then admissions one by one."""
+        batch, kv = self._batch, self.kv
+        assert batch is not None
+        step = PlanBuilder()
+        preempted: list[int] = []
+        budget = batch.schedule_running(self.max_num_batched_tokens, kv, step, self._preempt,
+                                        preempted)
+        if not preempted:
+            self._admit(budget, step, now)
+        if not step.request_ids:
+            batch.pending = None
+            return None
+        plan = batch.pending = step.build(tuple(preempted))
+        return plan
+
+    def _schedule_each(self, now: float) -> StepPlan | None:
+        """The per-request path: Request objects hold exact counters."""
         kv, running = self.kv, self.running
         budget = self.max_num_batched_tokens
-        scheduled: list[tuple[Request, int]] = []
+        step = PlanBuilder()
         preempted: list[int] = []
 
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            new = min(req.num_known_tokens - req.num_computed_tokens, budget)
-            while not kv.append_slots(req.request_id, req.num_computed_tokens + new):
+            computed = req.num_computed_tokens
+            new = min(req.prompt_tokens + req.num_output_done - computed, budget)
+            table = kv.append_slots(req.request_id, computed + new)
+            while table is None:
                 victim = running.pop()
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is req:
                     break
-            else:
-                scheduled.append((req, new))
-                budget -= new
-                i += 1
-                continue
-            break  # the request preempted itself: everyone after it is gone too
+                table = kv.append_slots(req.request_id, computed + new)
+            if table is None:
+                break  # the request preempted itself: everyone after it is gone too
+            step.add(req, new, table)
+            budget -= new
+            i += 1
 
         if not preempted:
-            self._admit(budget, scheduled, now)
-        if not scheduled:
+            self._admit(budget, step, now)
+        if not step.request_ids:
             return None
-        return self._build_plan(scheduled, tuple(preempted))
+        return step.build(tuple(preempted))
 
-    def _admit(self, budget: int, scheduled: list[tuple[Request, int]], now: float) -> None:
-        kv, waiting, running = self.kv, self.waiting, self.running
+    def _admit(self, budget: int, step: PlanBuilder, now: float) -> None:
+        """Admit waiting requests FCFS while budget, seats and blocks last."""
+        kv, waiting, running, batch = self.kv, self.waiting, self.running, self._batch
         while waiting and budget > 0 and len(running) < self.max_num_seqs:
             req = waiting[0]
             new = req.num_known_tokens - req.num_computed_tokens
@@ -125,7 +176,10 @@ class ContinuousScheduler:
             req.state = RequestState.RUNNING
             if req.first_scheduled_s is None:
                 req.first_scheduled_s = now
-            scheduled.append((req, new))
+            table = kv.block_table(req.request_id)
+            if batch is not None:
+                batch.admitted(req, table, new)
+            step.add(req, new, table)
             budget -= new
 
     def _preempt(self, req: Request) -> None:
@@ -135,36 +189,14 @@ class ContinuousScheduler:
         req.state = RequestState.WAITING
         self.waiting.appendleft(req)
 
-    def _build_plan(self, scheduled: list[tuple[Request, int]],
-                    preempted: tuple[int, ...]) -> StepPlan:
-        table = self.kv.block_table
-        ids, news, contexts, tables, prefills, emits = [], [], [], [], [], []
-        chunk_tokens, chunk_contexts = [], []
-        num_decodes = decode_sum = decode_max = 0
-        for req, new in scheduled:
-            computed = req.num_computed_tokens
-            known = req.num_known_tokens
-            is_decode = new == 1 and computed == known - 1 and req.num_output_done > 0
-            ids.append(req.request_id)
-            news.append(new)
-            contexts.append(computed)
-            tables.append(table(req.request_id))
-            prefills.append(not is_decode)
-            emits.append(computed + new == known)
-            if is_decode:
-                num_decodes += 1
-                decode_sum += computed
-                if computed > decode_max:
-                    decode_max = computed
-            else:
-                chunk_tokens.append(new)
-                chunk_contexts.append(computed)
-        shape = StepShape(tuple(chunk_tokens), tuple(chunk_contexts), num_decodes,
-                          decode_sum, decode_max, len(ids))
-        return StepPlan(tuple(ids), tuple(news), tuple(contexts), tuple(tables),
-                        tuple(prefills), tuple(emits), shape, preempted)
-
     def on_step_done(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
+        batch = self._batch
+        if batch is not None:
+            if plan is batch.pending:
+                return batch.apply(now, self.kv, self._in_flight)
+            batch.sync()  # not the plan just scheduled: apply it the per-request way
+            batch.pending = None
+            self._batch = None
         in_flight = self._in_flight
         finished: list[Request] = []
         for rid, new, emits in zip(plan.request_ids, plan.num_new_tokens, plan.emits_token,
@@ -183,5 +215,5 @@ class ContinuousScheduler:
                 del in_flight[rid]
                 finished.append(req)
         if finished:
-            self.running = [r for r in self.running if r.state is RequestState.RUNNING]
+            self.running[:] = [r for r in self.running if r.state is RequestState.RUNNING]
         return finished

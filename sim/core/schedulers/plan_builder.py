@@ -1,0 +1,56 @@
+"""Accumulates one step's plan columns and its shape, sequence by sequence or in bulk.
+
+Shared by the scheduler's two paths: the per-request path adds one sequence at a
+time; the array path (running_batch.py) fills whole columns from numpy at once
+and then adds the few newly admitted requests one at a time.
+"""
+
+from __future__ import annotations
+
+from sim.core.plan import StepPlan, StepShape
+from sim.core.request import Request
+
+
+class PlanBuilder:
+    """A step's columns as lists, turned into a frozen StepPlan by build()."""
+
+    __slots__ = ("request_ids", "num_new", "contexts", "tables", "prefills", "emits",
+                 "chunk_tokens", "chunk_contexts", "num_decodes", "decode_sum", "decode_max")
+
+    def __init__(self) -> None:
+        self.request_ids: list[int] = []
+        self.num_new: list[int] = []
+        self.contexts: list[int] = []
+        self.tables: list[tuple[int, ...]] = []
+        self.prefills: list[bool] = []
+        self.emits: list[bool] = []
+        self.chunk_tokens: list[int] = []
+        self.chunk_contexts: list[int] = []
+        self.num_decodes = self.decode_sum = self.decode_max = 0
+
+    def add(self, req: Request, new: int, table: tuple[int, ...]) -> None:
+        """Append one sequence; `req`'s counters must be exact (pre-step values)."""
+        computed = req.num_computed_tokens
+        known = req.prompt_tokens + req.num_output_done
+        is_decode = new == 1 and computed == known - 1 and req.num_output_done > 0
+        self.request_ids.append(req.request_id)
+        self.num_new.append(new)
+        self.contexts.append(computed)
+        self.tables.append(table)
+        self.prefills.append(not is_decode)
+        self.emits.append(computed + new == known)
+        if is_decode:
+            self.num_decodes += 1
+            self.decode_sum += computed
+            if computed > self.decode_max:
+                self.decode_max = computed
+        else:
+            self.chunk_tokens.append(new)
+            self.chunk_contexts.append(computed)
+
+    def build(self, preempted: tuple[int, ...]) -> StepPlan:
+        shape = StepShape(tuple(self.chunk_tokens), tuple(self.chunk_contexts), self.num_decodes,
+                          self.decode_sum, self.decode_max, len(self.request_ids))
+        return StepPlan(tuple(self.request_ids), tuple(self.num_new), tuple(self.contexts),
+                        tuple(self.tables), tuple(self.prefills), tuple(self.emits), shape,
+                        preempted)
