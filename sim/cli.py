@@ -1,4 +1,4 @@
-"""`servesim` command line: run scenarios and answer capacity questions."""
+"""`servesim` command line: run, compare and sweep scenarios; answer capacity questions."""
 
 from __future__ import annotations
 
@@ -49,6 +49,87 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_backend_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", type=int, default=None,
+                   help="parallel runs (default: every CPU; with dask, local workers)")
+    p.add_argument("--backend", default="loky", choices=("loky", "dask", "ray"),
+                   help="joblib backend: local processes, a Dask cluster or a Ray cluster")
+    p.add_argument("--scheduler-address", default=None, metavar="ADDR",
+                   help="Dask scheduler to connect to (default: start a LocalCluster)")
+    p.add_argument("--out", help="output directory")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+
+
+def _add_sweep(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sweep", help="run a grid of scenario overrides in parallel")
+    p.add_argument("scenario", help="scenario YAML")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help="a field and its values (YAML), e.g. --grid scheduler.max_num_seqs=64,256"
+                        " (repeatable: the cartesian product runs)")
+    p.add_argument("--plots", action="store_true",
+                   help="also write each point's outputs and plots under OUT/runs/")
+    _add_backend_options(p)
+    p.set_defaults(func=_sweep)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from sim.scenario import ScenarioError
+    from sim.sweep import (
+        SHORT_METRICS,
+        Backend,
+        SweepError,
+        markdown_table,
+        parse_grid,
+        sweep,
+        write_table,
+    )
+
+    out_dir = Path(args.out or Path("results") / f"sweep_{Path(args.scenario).stem}")
+    try:
+        grid = parse_grid(args.grid)
+        backend = Backend(args.backend, args.jobs, args.scheduler_address)
+        table = sweep(args.scenario, grid, backend, out_dir, plots=args.plots,
+                      progress=not args.quiet)
+    except (SweepError, ScenarioError, ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    write_table(table, out_dir, "sweep")
+    if not args.quiet:
+        short = [c for c in table.columns if c in grid or c in SHORT_METRICS]
+        print(markdown_table(table[short]), end="")
+        print(f"{len(table)} runs; results in {out_dir}/")
+    return 0
+
+
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="variants of a scenario on the same requests, over load")
+    p.add_argument("spec", help="compare spec YAML (base scenario, variants, rates)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    _add_backend_options(p)
+    p.set_defaults(func=_compare)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from sim.compare import format_compare, load_spec, run_compare, write_compare
+    from sim.scenario import ScenarioError
+    from sim.sweep import Backend, SweepError
+
+    try:
+        base = load_spec(args.spec)
+        backend = Backend(args.backend, args.jobs, args.scheduler_address)
+        result = run_compare(base, backend, progress=not args.quiet)
+    except (SweepError, ScenarioError, ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    name = base.spec.name or Path(args.spec).stem
+    out_dir = Path(args.out or base.spec.out or Path("results") / f"compare_{name}")
+    write_compare(result, out_dir, plots=not args.no_plots)
+    if not args.quiet:
+        print(format_compare(result))
+        print(f"results in {out_dir}/")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from sim import capacity
 
@@ -57,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"servesim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
+    _add_compare(sub)
+    _add_sweep(sub)
     capacity.register(sub)
     return parser
 

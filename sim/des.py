@@ -3,6 +3,8 @@
 One event per engine step: a replica asks its scheduler for a plan, holds
 the simulated clock for the step's predicted latency, then applies it.
 Arrivals during a step are queued at once and seen at the next schedule().
+After the last arrival every scheduler is closed (no more requests will come)
+and idle replicas are woken, so static batching launches its short last batch.
 Finished requests are handed to the recorder and dropped, so memory follows
 the requests in flight, not the requests done.
 """
@@ -40,6 +42,14 @@ class Replica:
             if self.on_done is not None:
                 self.on_done(1)
             return
+        self._wake_up()
+
+    def close(self) -> None:
+        """No more arrivals: tell the scheduler, and let an idle replica schedule again."""
+        self.scheduler.close(self.env.now)
+        self._wake_up()
+
+    def _wake_up(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
@@ -58,11 +68,12 @@ class Replica:
                 self._wake = None
                 continue
             start_s = env.now
+            held = scheduler.kv_slots_held  # while the step runs: before finishers free
             duration_s = step_time(plan.shape)
             yield env.timeout(duration_s)
             finished = scheduler.on_step_done(plan, SCRIPTED, env.now)
             recorder.record_step(start_s, duration_s, plan, scheduler.num_waiting,
-                                 scheduler.num_running, scheduler.kv_blocks_used)
+                                 scheduler.num_running, scheduler.kv_blocks_used, held)
             for request in finished:
                 recorder.record_finished(request)
             if finished and self.on_done is not None:
@@ -85,12 +96,14 @@ class _Arrival(simpy.Event):
 
 
 def _arrivals(env: simpy.Environment, requests: Iterable[Request],
-              route: Callable[[Request], Replica]):  # noqa: ANN202
+              route: Callable[[Request], Replica], replicas: Iterable[Replica]):  # noqa: ANN202
     for request in requests:
         delay_s = request.arrival_s - env.now
         if delay_s > 0:
             yield _Arrival(env, delay_s)
         route(request).submit(request)
+    for replica in replicas:
+        replica.close()
 
 
 def simulate(requests: Iterable[Request], scheduler: Scheduler, latency: LatencyModel,
@@ -99,6 +112,6 @@ def simulate(requests: Iterable[Request], scheduler: Scheduler, latency: Latency
     env = simpy.Environment()
     replica = Replica(env, scheduler, latency, recorder, on_done)
     env.process(replica.run())
-    env.process(_arrivals(env, requests, lambda _request: replica))
+    env.process(_arrivals(env, requests, lambda _request: replica, [replica]))
     env.run()
     return float(env.now)

@@ -17,6 +17,25 @@ preemption, which still shows in TPOT and E2EL. The time series is kept in
 `TimeBuckets` (at most 2048 buckets whose width doubles as the run grows);
 the summary's num_steps, mean_batch_size and max_kv_blocks_used are exact
 running totals.
+
+Waste is measured from the steps that ran, time-averaged over busy time (each
+step weighted by its duration; idle gaps, when nothing is held for a running
+batch, are left out):
+- slot utilisation = sum(batch_size * d) / sum(padded_batch * d): the share of
+  the kernels' sequence slots doing real work (static batching pads finished
+  members). Slot level, not token level: a padded slot costs one token in a
+  decode step, so the two agree on decode steps, and `StepShape` does not
+  describe prompt padding that a token-level figure would need.
+- live KV tokens of a step = what its sequences have in KV once it ran:
+  sum(prefill contexts + chunks) + decode context sum + decodes, straight from
+  `StepShape`. With `kv_slots_held` (token slots the scheduler holds while the
+  step runs: used blocks x block size when paged, the reservations when
+  contiguous) KV waste = held - live, reported as a share of the pool
+  (`kv_waste_fraction`) and of what was held (`kv_waste_of_held`). In paged mode
+  this is exactly the internal fragmentation of each sequence's last block
+  (plus blocks of running sequences left out of a step). Tokens shared through
+  the prefix cache count once per sequence in live, so a step's waste is
+  clamped at 0 rather than going negative.
 """
 
 from __future__ import annotations
@@ -33,6 +52,7 @@ import pandas as pd
 
 from sim.core.plan import StepPlan
 from sim.core.request import Request, RequestState
+from sim.report import format_summary, jsonable
 from sim.stats import PERCENTILES, LogHistogram, TimeBuckets, describe_ms, weighted_percentiles
 
 __all__ = ["PERCENTILES", "SLO", "RunRecorder", "describe_ms", "format_summary", "jsonable",
@@ -85,7 +105,8 @@ class RunRecorder:
     """Typed columns of finished/rejected requests (80 B each) and O(1)-size step stats."""
 
     __slots__ = ("_req", "_reason_codes", "_itl", "_series", "_num_steps", "_busy_s",
-                 "_batch_x_s", "_max_kv_blocks_used")
+                 "_batch_x_s", "_max_kv_blocks_used", "_padded_x_s", "_slot_steps",
+                 "_useful_slot_steps", "_waste_x_s")
 
     def __init__(self, max_buckets: int = 2048, bucket_width_s: float = 0.01) -> None:
         self._req: dict[str, array] = {k: array("d") for k in _REQ_FLOAT}
@@ -97,6 +118,10 @@ class RunRecorder:
         self._busy_s = 0.0
         self._batch_x_s = 0.0  # sum of batch size x step duration
         self._max_kv_blocks_used: int | None = None
+        self._padded_x_s = 0.0  # sum of padded batch x step duration
+        self._slot_steps = 0  # sum of padded batch over steps (exact count)
+        self._useful_slot_steps = 0  # sum of batch size over steps
+        self._waste_x_s = 0.0  # sum of max(0, held - live) x duration; held/live sums: _series
 
     def _append_request(self, req: Request, code: int) -> None:
         c = self._req
@@ -122,24 +147,45 @@ class RunRecorder:
         self._append_request(req, code)
 
     def record_step(self, start_s: float, duration_s: float, plan: StepPlan,
-                    num_waiting: int, num_running: int, kv_blocks_used: int) -> None:
+                    num_waiting: int, num_running: int, kv_blocks_used: int,
+                    kv_slots_held: int | None = None) -> None:
         """Fold one engine step into the aggregates; every decode emits, so decodes = ITL samples.
 
-        Nothing per step is kept: memory stays fixed however many steps run.
+        `kv_slots_held`: KV token slots held while the step ran (read after
+        schedule(), before on_step_done frees finished requests); None leaves
+        the step out of the KV waste figures. Nothing per step is kept: memory
+        stays fixed however many steps run.
         """
         shape = plan.shape
         decodes = shape.num_decodes
         batch_size = len(plan.request_ids)
         chunks = shape.prefill_chunk_tokens
         # decode-only steps (most of them) skip the 1.4 us count over a batch of 256
-        emitted = plan.emits_token.count(True) if chunks else decodes
+        if chunks:
+            emitted = plan.emits_token.count(True)
+            new_tokens = sum(chunks) + decodes
+        else:
+            emitted = new_tokens = decodes
         if decodes:
             self._itl.add(duration_s, decodes)
+        padded = shape.padded_batch if shape.padded_batch > batch_size else batch_size
+        if kv_slots_held is None:
+            live = held = -1  # TimeBuckets: no KV waste sample
+        else:
+            held = kv_slots_held
+            # from the plan's columns, not the shape: static batching's shape carries
+            # padded work, and padding holds no live token
+            live = sum(plan.context_tokens) + sum(plan.num_new_tokens)
+            if held > live:
+                self._waste_x_s += (held - live) * duration_s
         self._series.add(start_s, duration_s, batch_size, num_waiting, num_running,
-                         kv_blocks_used, sum(chunks) + decodes, emitted)
+                         kv_blocks_used, new_tokens, emitted, held, live)
         self._num_steps += 1
         self._busy_s += duration_s
         self._batch_x_s += batch_size * duration_s
+        self._padded_x_s += padded * duration_s
+        self._slot_steps += padded
+        self._useful_slot_steps += batch_size
         if self._max_kv_blocks_used is None or kv_blocks_used > self._max_kv_blocks_used:
             self._max_kv_blocks_used = kv_blocks_used
 
@@ -168,9 +214,13 @@ class RunRecorder:
         r["tpot_s"] = np.where(multi, (r["e2el_s"] - r["ttft_s"]) / denom, math.nan)
         return r
 
-    def summary(self, slo: SLO | None = None, kv_blocks_total: int | None = None
-                ) -> dict[str, Any]:
-        """vLLM `benchmark_serving` fields plus queue, preemption, batch and KV figures."""
+    def summary(self, slo: SLO | None = None, kv_blocks_total: int | None = None,
+                block_size: int | None = None) -> dict[str, Any]:
+        """vLLM `benchmark_serving` fields plus queue, preemption, batch, KV and waste figures.
+
+        The KV pool in token slots is kv_blocks_total x block_size; without both,
+        only `kv_waste_of_held` (which needs no pool) is reported.
+        """
         r = self._request_arrays()
         done = r["finished"]
         completed = int(done.sum())
@@ -209,7 +259,26 @@ class RunRecorder:
         out["max_kv_blocks_used"] = self._max_kv_blocks_used
         if kv_blocks_total is not None:
             out["kv_blocks_total"] = kv_blocks_total
+        out.update(self._waste(kv_blocks_total, block_size))
         return out
+
+    def _waste(self, kv_blocks_total: int | None, block_size: int | None) -> dict[str, Any]:
+        """Busy-time averages of slot use and KV waste (see the module docstring)."""
+        nan = math.nan
+        pool = kv_blocks_total * block_size if kv_blocks_total and block_size else None
+        # bucket merges add sums exactly, so the series' totals are the run's
+        kv_s, held = math.fsum(self._series.kv_busy_s), math.fsum(self._series.held_x_s)
+        live = math.fsum(self._series.live_x_s)
+        return {
+            "slot_utilization": self._batch_x_s / self._padded_x_s if self._padded_x_s else nan,
+            "slot_steps_total": self._slot_steps,
+            "slot_steps_useful": self._useful_slot_steps,
+            "kv_pool_tokens": pool,
+            "mean_kv_slots_held": held / kv_s if kv_s else nan,
+            "mean_kv_live_tokens": live / kv_s if kv_s else nan,
+            "kv_waste_fraction": self._waste_x_s / (pool * kv_s) if pool and kv_s else nan,
+            "kv_waste_of_held": self._waste_x_s / held if held else nan,
+        }
 
     def requests_frame(self) -> pd.DataFrame:
         """One row per recorded request (finished and rejected), latencies in ms."""
@@ -250,7 +319,8 @@ class RunRecorder:
             total = summary.get("kv_blocks_total")
             written.append(plotting.plot_latency_cdfs(requests_df, out_dir / "latency_cdf.png"))
             written.append(plotting.plot_timeseries(series_df, out_dir / "timeseries.png",
-                                                    kv_blocks_total=total))
+                                                    kv_blocks_total=total,
+                                                    kv_pool_tokens=summary.get("kv_pool_tokens")))
         return written
 
 
@@ -264,54 +334,3 @@ def _meets_slo(r: dict[str, np.ndarray], slo: SLO) -> np.ndarray:
     if slo.e2el_ms is not None:
         ok &= r["e2el_s"] * 1e3 <= slo.e2el_ms
     return ok
-
-
-def jsonable(value: Any) -> Any:
-    """Plain JSON values: NaN/inf -> None, numpy scalars -> Python numbers."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    """A terminal block in the shape of vLLM's 'Serving Benchmark Result'."""
-    width = 50
-
-    def row(label: str, key: str) -> str:
-        value = summary.get(key)
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            text = "n/a"
-        elif isinstance(value, float):
-            text = f"{value:.2f}"
-        else:
-            text = str(value)
-        return f"{label:<38}{text:>12}"
-
-    lines = [f"{' Serving Benchmark Result ':=^{width}}",
-             row("Successful requests:", "completed"),
-             row("Rejected requests:", "rejected"),
-             row("Benchmark duration (s):", "duration"),
-             row("Total input tokens:", "total_input_tokens"),
-             row("Total generated tokens:", "total_output_tokens"),
-             row("Request throughput (req/s):", "request_throughput")]
-    if "request_goodput" in summary:
-        lines.append(row("Request goodput (req/s):", "request_goodput"))
-        lines.append(row("SLO attainment:", "slo_attainment"))
-    lines += [row("Output token throughput (tok/s):", "output_throughput"),
-              row("Total token throughput (tok/s):", "total_token_throughput")]
-    sections = (("ttft", "TTFT", "Time to First Token"),
-                ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
-                ("itl", "ITL", "Inter-token Latency"),
-                ("e2el", "E2EL", "End-to-end Latency"))
-    for key, short, title in sections:
-        lines.append(f"{' ' + title + ' ':-^{width}}")
-        for stat, label in (("mean", "Mean"), ("median", "Median"), ("p99", "P99")):
-            lines.append(row(f"{label} {short} (ms):", f"{stat}_{key}_ms"))
-    lines.append("=" * width)
-    return "\n".join(lines)

@@ -33,7 +33,7 @@ def ecdf_points(values: np.ndarray, max_points: int = DEFAULT_MAX_POINTS
     return v, frac
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save_figure(fig: Figure, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
@@ -42,7 +42,7 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def _no_data(ax: Axes) -> None:
+def no_data(ax: Axes) -> None:
     ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
 
 
@@ -54,7 +54,7 @@ def _plot_cdf(ax: Axes, values_ms: np.ndarray, title: str, xlabel: str) -> None:
     ax.set_ylim(0.0, 1.02)
     ax.grid(True, alpha=0.3)
     if v.size == 0:
-        _no_data(ax)
+        no_data(ax)
         return
     ax.step(v, frac, where="post")
     positive = v[v > 0]
@@ -73,7 +73,7 @@ def plot_latency_cdfs(requests_df: pd.DataFrame, path: Path) -> Path:
     _plot_cdf(ax_tpot, requests_df["tpot_ms"].to_numpy(dtype=np.float64),
               "Time per output token (excl. 1st)", "TPOT (ms)")
     fig.suptitle(f"Latency CDFs ({int((requests_df['status'] == 'finished').sum())} finished)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _plot_series(ax: Axes, t_s: np.ndarray, mean: np.ndarray, peak: np.ndarray,
@@ -82,7 +82,7 @@ def _plot_series(ax: Axes, t_s: np.ndarray, mean: np.ndarray, peak: np.ndarray,
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
     if t_s.size == 0:
-        _no_data(ax)
+        no_data(ax)
         return
     ax.fill_between(t_s, mean, peak, step="mid", alpha=0.25, linewidth=0, label="bucket max")
     ax.plot(t_s, peak, drawstyle="steps-mid", linewidth=0.6, alpha=0.5)
@@ -90,14 +90,34 @@ def _plot_series(ax: Axes, t_s: np.ndarray, mean: np.ndarray, peak: np.ndarray,
     ax.ticklabel_format(axis="y", useOffset=False)  # a flat 3.0 reads as 3, not 1e-12+3
 
 
-def plot_timeseries(series_df: pd.DataFrame, path: Path,
-                    kv_blocks_total: int | None = None) -> Path:
-    """Batch size, queue length and KV blocks used against simulated time, stacked.
+def _plot_held_live(ax: Axes, t_s: np.ndarray, held: np.ndarray, live: np.ndarray,
+                    ylabel: str) -> None:
+    """KV slots held against live tokens: the band between them is the measured waste."""
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    known = np.isfinite(held)
+    if not known.any():
+        no_data(ax)
+        return
+    t_s, held, live = t_s[known], held[known], live[known]
+    ax.fill_between(t_s, live, held, step="mid", alpha=0.3, color="tab:red", linewidth=0,
+                    label="held, not live (waste)")
+    ax.plot(t_s, held, drawstyle="steps-mid", linewidth=1.0, color="tab:red", label="held")
+    ax.plot(t_s, live, drawstyle="steps-mid", linewidth=1.0, color="tab:green",
+            label="live tokens")
+    ax.legend(loc="upper right", fontsize="small")
 
-    `series_df` is `RunRecorder.steps_frame()`: one row per time bucket.
+
+def plot_timeseries(series_df: pd.DataFrame, path: Path, kv_blocks_total: int | None = None,
+                    kv_pool_tokens: int | None = None) -> Path:
+    """Batch size, queue length, KV blocks used and KV held vs live against time, stacked.
+
+    `series_df` is `RunRecorder.steps_frame()`: one row per time bucket. The
+    held/live panel appears when the series has those columns.
     """
-    fig = Figure(figsize=(11, 8), layout="constrained")
-    axes = fig.subplots(3, 1, sharex=True)
+    held_live = {"mean_kv_slots_held", "mean_kv_live_tokens"} <= set(series_df.columns)
+    fig = Figure(figsize=(11, 10.5 if held_live else 8), layout="constrained")
+    axes = fig.subplots(4 if held_live else 3, 1, sharex=True)
 
     def col(name: str) -> np.ndarray:
         return series_df[name].to_numpy(dtype=np.float64)
@@ -115,9 +135,17 @@ def plot_timeseries(series_df: pd.DataFrame, path: Path,
               (col("mean_waiting"), col("max_waiting"), "queue (requests)",
                "Waiting queue length"),
               (kv_mean, kv_max, kv_label, "KV cache occupancy"))
-    for ax, (mean, peak, ylabel, title) in zip(axes, panels, strict=True):
+    for ax, (mean, peak, ylabel, title) in zip(axes, panels, strict=False):
         _plot_series(ax, t_s, mean, peak, ylabel)
         ax.set_title(title)
+    if held_live:
+        held, live = col("mean_kv_slots_held"), col("mean_kv_live_tokens")
+        label = "KV token slots"
+        if kv_pool_tokens:
+            held, live = held * (100.0 / kv_pool_tokens), live * (100.0 / kv_pool_tokens)
+            label = f"% of {kv_pool_tokens} slots"
+        _plot_held_live(axes[3], t_s, held, live, label)
+        axes[3].set_title("KV slots held vs live tokens (time-weighted mean per bucket)")
     axes[-1].set_xlabel("simulated time (s)")
     note = ""
     if t_s.size:
@@ -125,4 +153,4 @@ def plot_timeseries(series_df: pd.DataFrame, path: Path,
         width_s = float(series_df["t_end_s"].iloc[0] - series_df["t_start_s"].iloc[0])
         note = f", {t_s.size} buckets of {width_s:.3g} s"
     fig.suptitle(f"Run time series{note}")
-    return _save(fig, path)
+    return save_figure(fig, path)

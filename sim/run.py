@@ -9,8 +9,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from sim.core.kv import KVBudget, PagedBlockManager
-from sim.core.schedulers import ContinuousScheduler, Scheduler
+from sim.core.contiguous import ContiguousAllocator
+from sim.core.kv import KVBudget, KVManager, PagedBlockManager
+from sim.core.schedulers import Scheduler, SchedulerSettings
+from sim.core.schedulers import build_scheduler as build_policy
 from sim.des import simulate
 from sim.latency import LatencyModel
 from sim.latency.roofline import RooflineLatency
@@ -47,7 +49,8 @@ def kv_budget(scenario: Scenario) -> KVBudget:
     )
 
 
-def build_block_manager(scenario: Scenario, budget: KVBudget) -> PagedBlockManager:
+def build_block_manager(scenario: Scenario, budget: KVBudget) -> KVManager:
+    """The KV pool of `kv.mode`; paged and contiguous get the same blocks from the same budget."""
     num_blocks = scenario.kv.num_blocks or budget.num_blocks + 1  # + the null block
     if num_blocks < 2:
         raise ValueError(
@@ -55,14 +58,22 @@ def build_block_manager(scenario: Scenario, budget: KVBudget) -> PagedBlockManag
             f"at memory_utilization {scenario.hardware.memory_utilization} cannot hold "
             f"{scenario.model_spec.name}'s weights and activations; add GPUs (hardware.count) "
             "or raise hardware.memory_utilization")
-    return PagedBlockManager(num_blocks, scenario.kv.block_size, scenario.kv.watermark)
+    pool = ContiguousAllocator if scenario.kv_mode == "contiguous" else PagedBlockManager
+    return pool(num_blocks, scenario.kv.block_size, scenario.kv.watermark)
 
 
-def build_scheduler(scenario: Scenario, kv: PagedBlockManager) -> Scheduler:
+def build_scheduler(scenario: Scenario, kv: KVManager) -> Scheduler:
     cfg = scenario.scheduler
-    max_model_len = cfg.max_model_len or scenario.model_spec.max_context_tokens
-    return ContinuousScheduler(kv, cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                               cfg.chunked_prefill, max_model_len)
+    settings = SchedulerSettings(
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        chunked_prefill=cfg.chunked_prefill,
+        max_model_len=cfg.max_model_len or scenario.model_spec.max_context_tokens,
+        max_output_tokens=cfg.max_output_tokens,
+        batch_size=cfg.batch_size,
+        max_wait_s=None if cfg.max_wait_ms is None else cfg.max_wait_ms / 1e3,
+    )
+    return build_policy(cfg.policy, kv, settings)
 
 
 def build_latency(scenario: Scenario) -> LatencyModel:
@@ -96,7 +107,8 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
     slo = None
     if scenario.slo is not None:
         slo = SLO(scenario.slo.ttft_ms, scenario.slo.tpot_ms, scenario.slo.e2el_ms)
-    summary = recorder.summary(slo=slo, kv_blocks_total=kv.num_usable_blocks)
+    summary = recorder.summary(slo=slo, kv_blocks_total=kv.num_usable_blocks,
+                               block_size=scenario.kv.block_size)
     summary["latency_model"] = latency.name
     summary["simulation_wall_s"] = wall_s
     return RunResult(scenario, summary, recorder, budget, kv.num_usable_blocks, latency.name,

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from sim.core.schedulers import POLICIES
 from sim.specs import (
     HardwareSpec,
     ModelSpec,
@@ -73,11 +74,21 @@ class HardwareConfig(_Strict):
 
 
 class SchedulerConfig(_Strict):
-    policy: Literal["continuous"] = "continuous"
+    """continuous reads max_num_seqs..chunked_prefill; static and dynamic read batch_size
+    and max_wait_ms; all read max_model_len and max_output_tokens."""
+
+    policy: Literal["continuous", "static", "dynamic"] = "continuous"
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(8192, ge=1)
     chunked_prefill: bool = True
     max_model_len: int | None = Field(None, ge=2, description="default: the model's context")
+    batch_size: int = Field(16, ge=1, description="static/dynamic: requests per batch (B)")
+    max_wait_ms: float | None = Field(
+        None, gt=0.0, description="dynamic: launch a short batch when the oldest waited this "
+        "long (default 50); static: optional, default wait for B or the end of arrivals")
+    max_output_tokens: int | None = Field(
+        None, ge=1, description="output cap; contiguous KV reserves prompt + this (default: "
+        "up to max_model_len, as servers without paging did); longer outputs are rejected")
 
     @model_validator(mode="after")
     def _decodes_fit_a_step(self) -> SchedulerConfig:
@@ -88,6 +99,8 @@ class SchedulerConfig(_Strict):
 
 
 class KVConfig(_Strict):
+    mode: Literal["paged", "contiguous"] | None = Field(
+        None, description="default: paged for continuous, contiguous for static and dynamic")
     block_size: int = Field(16, ge=1)
     dtype_bytes: float = Field(2.0, gt=0.0)
     watermark: float = Field(0.01, ge=0.0, lt=1.0)
@@ -131,6 +144,21 @@ class Scenario(_Strict):
     def _known_model(cls, value: str | dict[str, Any]) -> str | dict[str, Any]:
         resolve_model(value)
         return value
+
+    @model_validator(mode="after")
+    def _kv_mode_suits_policy(self) -> Scenario:
+        policy, mode = self.scheduler.policy, self.kv.mode
+        modes = POLICIES[policy].kv_modes
+        if mode is not None and mode not in modes:
+            raise ValueError(f"kv.mode: {policy} batching reserves each request's KV up front "
+                             f"and runs only on {' or '.join(modes)} (or omit kv.mode), "
+                             f"got {mode!r}")
+        return self
+
+    @property
+    def kv_mode(self) -> str:
+        """kv.mode, or the policy's default when it is omitted."""
+        return self.kv.mode or POLICIES[self.scheduler.policy].kv_modes[0]
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -230,6 +258,9 @@ def _describe(problem: Mapping[str, Any]) -> tuple[str, str, str]:
     kind, loc, value = problem["type"], tuple(problem["loc"]), problem.get("input")
     parts, models = _clean_loc(loc)
     message = _NOISE.sub("", problem["msg"])
+    lead = _FIELD_LEAD.match(message) if not parts else None
+    if lead:  # a cross-section check names the field it is about: report it there
+        parts, message = lead["path"].split("."), lead["rest"]
     show_value = kind not in ("missing", "extra_forbidden")
     if kind == "extra_forbidden":
         _, owners = _clean_loc(loc[:-1])
@@ -256,6 +287,9 @@ def _describe(problem: Mapping[str, Any]) -> tuple[str, str, str]:
 
 _NOISE = re.compile(r"^(Value error|Assertion failed), | or (instance of \w+|object to extract "
                     r"fields from)")
+
+
+_FIELD_LEAD = re.compile(r"^(?P<path>[a-z_]+(?:\.[a-z_]+)+): (?P<rest>.*)$", re.DOTALL)
 
 
 def _join(messages: list[str]) -> str:

@@ -162,7 +162,8 @@ class LogHistogram:
         return _stats_dict(self.mean_s * 1e3, self.std_s * 1e3, pct)
 
 
-_BUCKET_FLOAT_SUMS = ("busy_s", "batch_x_s", "waiting_x_s", "running_x_s", "kv_x_s")
+_BUCKET_FLOAT_SUMS = ("busy_s", "batch_x_s", "waiting_x_s", "running_x_s", "kv_x_s",
+                      "kv_busy_s", "held_x_s", "live_x_s")
 _BUCKET_INT_SUMS = ("steps", "tokens", "tokens_emitted")
 _BUCKET_SUMS = (*_BUCKET_FLOAT_SUMS, *_BUCKET_INT_SUMS)
 _BUCKET_MAXES = ("max_batch_size", "max_waiting", "max_running", "max_kv_blocks_used")
@@ -177,7 +178,9 @@ class TimeBuckets:
     by merging adjacent pairs (sums add, maxima take the max), as often as
     needed: memory is fixed however long the run, and the time resolution is
     the run's span / max_buckets or finer. Queue length, running count and KV
-    use are the values after each step, weighted by the step's duration.
+    use are the values after each step, weighted by the step's duration; KV
+    slots held and live tokens are those during the step, averaged over the
+    busy time of the steps that reported them (`kv_held` < 0: not reported).
     """
 
     __slots__ = ("max_buckets", "width_s", "_inv_width", *_BUCKET_SUMS, *_BUCKET_MAXES)
@@ -192,7 +195,8 @@ class TimeBuckets:
             setattr(self, name, [_zero(name)] * max_buckets)
 
     def add(self, start_s: float, duration_s: float, batch_size: int, num_waiting: int,
-            num_running: int, kv_blocks_used: int, tokens: int, tokens_emitted: int) -> None:
+            num_running: int, kv_blocks_used: int, tokens: int, tokens_emitted: int,
+            kv_held: int = -1, kv_live: int = 0) -> None:
         """Accumulate one step into the bucket holding `start_s` (>= 0)."""
         i = int(start_s * self._inv_width)
         if not 0 <= i < self.max_buckets:
@@ -213,6 +217,10 @@ class TimeBuckets:
             self.max_running[i] = num_running
         if kv_blocks_used > self.max_kv_blocks_used[i]:
             self.max_kv_blocks_used[i] = kv_blocks_used
+        if kv_held >= 0:
+            self.kv_busy_s[i] += duration_s
+            self.held_x_s[i] += kv_held * duration_s
+            self.live_x_s[i] += kv_live * duration_s
 
     def _cover(self, start_s: float) -> int:
         """Double the width until `start_s` is covered; return its bucket."""
@@ -239,9 +247,12 @@ class TimeBuckets:
         col = {name: np.array(getattr(self, name))[rows]
                for name in (*_BUCKET_SUMS, *_BUCKET_MAXES)}
         busy = col["busy_s"]
+        kv_busy = col["kv_busy_s"]
         with np.errstate(invalid="ignore", divide="ignore"):
             means = {name: np.where(busy > 0, col[f"{name}_x_s"] / busy, math.nan)
                      for name in ("batch", "waiting", "running", "kv")}
+            means.update({name: np.where(kv_busy > 0, col[f"{name}_x_s"] / kv_busy, math.nan)
+                          for name in ("held", "live")})
         return {"t_start_s": rows * self.width_s, "t_end_s": (rows + 1) * self.width_s,
                 "steps": col["steps"], "busy_s": busy,
                 "mean_batch_size": means["batch"], "max_batch_size": col["max_batch_size"],
@@ -249,7 +260,8 @@ class TimeBuckets:
                 "mean_running": means["running"], "max_running": col["max_running"],
                 "mean_kv_blocks_used": means["kv"],
                 "max_kv_blocks_used": col["max_kv_blocks_used"],
-                "tokens": col["tokens"], "tokens_emitted": col["tokens_emitted"]}
+                "tokens": col["tokens"], "tokens_emitted": col["tokens_emitted"],
+                "mean_kv_slots_held": means["held"], "mean_kv_live_tokens": means["live"]}
 
 
 def _add(a: float, b: float) -> float:

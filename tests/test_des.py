@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepPlan, StepShape
 from sim.core.request import Request, RequestState
-from sim.core.schedulers import ContinuousScheduler
+from sim.core.schedulers import ContinuousScheduler, StaticScheduler
 from sim.des import simulate
 from sim.latency.roofline import RooflineLatency
 from sim.metrics import RunRecorder
@@ -44,9 +45,11 @@ class SpyRecorder(RunRecorder):
         self.steps: list[tuple[float, float, StepPlan]] = []
 
     def record_step(self, start_s: float, duration_s: float, plan: StepPlan, num_waiting: int,
-                    num_running: int, kv_blocks_used: int) -> None:
+                    num_running: int, kv_blocks_used: int,
+                    kv_slots_held: int | None = None) -> None:
         self.steps.append((start_s, duration_s, plan))
-        super().record_step(start_s, duration_s, plan, num_waiting, num_running, kv_blocks_used)
+        super().record_step(start_s, duration_s, plan, num_waiting, num_running, kv_blocks_used,
+                            kv_slots_held)
 
     @property
     def starts(self) -> list[float]:
@@ -216,3 +219,34 @@ def test_tiny_pool_forces_preemption_and_still_finishes() -> None:
     assert summary["completed"] == 4
     assert summary["total_preemptions"] > 0
     assert summary["total_output_tokens"] == 4 * 24
+
+
+class ClosingSpy(ContinuousScheduler):
+    """A real continuous scheduler that logs when it is closed and what it held then."""
+
+    def __init__(self) -> None:
+        super().__init__(PagedBlockManager(1000, 16, watermark=0.0), 32, 2048)
+        self.closes: list[tuple[float, int]] = []
+
+    def close(self, now: float) -> None:
+        self.closes.append((now, self.num_waiting + self.num_running))
+        super().close(now)
+
+
+def test_scheduler_is_closed_once_right_after_the_last_arrival() -> None:
+    requests = [Request(0, 0.0, 10, 50), Request(1, 0.2, 10, 50), Request(2, 0.3, 10, 2)]
+    sched = ClosingSpy()
+    run(requests, sched, FixedLatency(0.1))
+    assert sched.closes == [(0.3, 3)]  # the last request was already queued
+    assert all(r.state is RequestState.FINISHED for r in requests)
+
+
+def test_end_of_arrivals_wakes_an_idle_static_replica_for_its_short_batch() -> None:
+    """Static batching waits for B = 8; the last arrival closes it, so the short batch runs."""
+    sched = StaticScheduler(ContiguousAllocator(100, 4, watermark=0.0), batch_size=8,
+                            max_model_len=64)
+    requests = [Request(0, 0.0, 10, 2), Request(1, 3.0, 10, 2)]
+    recorder, end_s, reported = run(requests, sched, FixedLatency(0.5))
+    assert requests[0].first_scheduled_s == requests[1].first_scheduled_s == 3.0
+    assert end_s == 4.0 and reported == 2
+    assert recorder.starts == [3.0, 3.5]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,14 @@ from hypothesis import strategies as st
 
 from sim.core.plan import StepPlan, StepShape
 from sim.core.request import Request, RequestState
-from sim.metrics import SLO, RunRecorder, describe_ms, format_summary, weighted_percentiles
+from sim.metrics import (
+    SLO,
+    RunRecorder,
+    describe_ms,
+    format_summary,
+    jsonable,
+    weighted_percentiles,
+)
 from sim.plots import plot_timeseries
 from sim.stats import LogHistogram, TimeBuckets
 
@@ -200,7 +208,9 @@ def test_write_outputs_and_plots(tmp_path: Path) -> None:
     names = {p.name for p in paths}
     assert {"summary.json", "requests.csv", "timeseries.csv"} <= names
     assert all(p.exists() for p in paths)
-    assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
+    # no step reported kv_slots_held, so the KV waste figures are NaN -> null
+    assert json.loads((tmp_path / "out" / "summary.json").read_text()) == jsonable(summary)
+    assert summary["kv_waste_fraction"] != summary["kv_waste_fraction"]
     pngs = [p for p in paths if p.suffix == ".png"]
     assert len(pngs) == 2
     for png in pngs:
@@ -237,6 +247,73 @@ def test_format_summary_block() -> None:
         assert label in text
     lines = text.splitlines()
     assert len({len(line) for line in lines}) == 1  # every line the same width
+
+
+def padded(step: StepPlan, padded_batch: int) -> StepPlan:
+    """The same step with `padded_batch` kernel slots (static batching pads finished members)."""
+    return replace(step, shape=replace(step.shape, padded_batch=padded_batch))
+
+
+def waste_run() -> RunRecorder:
+    """Four steps with hand-countable slots and KV (block size 16, pool 8 blocks = 128 slots).
+
+    A: 0.1 s, prefills of 10 and 6 tokens; 2 slots; held 32 (a block each); live 16.
+    B: 0.2 s, decodes at contexts 10 and 6; 4 slots (2 padded); held 64; live 18.
+    C: 0.3 s, one decode at context 11; 1 slot; held not reported (left out of KV).
+    D: 0.1 s, decodes at contexts 8 and 8 sharing a prefix block: held 16 < live 18,
+       so its waste is clamped at 0 while held and live still count.
+    """
+    rec = RunRecorder()
+    rec.record_step(0.0, 0.1, plan([(0, 10, 0, True, True), (1, 6, 0, True, True)]), 0, 2, 2,
+                    kv_slots_held=32)
+    rec.record_step(0.1, 0.2, padded(plan([(0, 1, 10, False, True), (1, 1, 6, False, True)]), 4),
+                    0, 2, 4, kv_slots_held=64)
+    rec.record_step(0.3, 0.3, plan([(0, 1, 11, False, True)]), 0, 1, 1)
+    rec.record_step(0.6, 0.1, plan([(2, 1, 8, False, True), (3, 1, 8, False, True)]), 0, 2, 1,
+                    kv_slots_held=16)
+    return rec
+
+
+def test_waste_metrics_hand_computed() -> None:
+    s = waste_run().summary(kv_blocks_total=8, block_size=16)
+    # slots: useful 2*.1 + 2*.2 + 1*.3 + 2*.1 = 1.1 of 2*.1 + 4*.2 + 1*.3 + 2*.1 = 1.5
+    assert s["slot_utilization"] == pytest.approx(1.1 / 1.5)
+    assert (s["slot_steps_useful"], s["slot_steps_total"]) == (7, 9)
+    assert s["kv_pool_tokens"] == 128
+    # KV over A, B, D (0.4 s): waste (32-16)*.1 + (64-18)*.2 + 0 = 10.8
+    held_x_s, live_x_s = 32 * .1 + 64 * .2 + 16 * .1, 16 * .1 + 18 * .2 + 18 * .1
+    assert s["kv_waste_fraction"] == pytest.approx(10.8 / (128 * 0.4))
+    assert s["kv_waste_of_held"] == pytest.approx(10.8 / held_x_s)
+    assert s["mean_kv_slots_held"] == pytest.approx(held_x_s / 0.4)
+    assert s["mean_kv_live_tokens"] == pytest.approx(live_x_s / 0.4)
+    no_pool = waste_run().summary()  # without a pool only the share of held is defined
+    assert math.isnan(no_pool["kv_waste_fraction"]) and no_pool["kv_pool_tokens"] is None
+    assert no_pool["kv_waste_of_held"] == pytest.approx(10.8 / held_x_s)
+    text = format_summary(s)
+    assert "Slot utilisation:" in text and "KV waste (share of pool):" in text
+
+
+def test_waste_time_series_per_bucket(tmp_path: Path) -> None:
+    rec = waste_run()
+    series = rec.steps_frame()  # 10 ms buckets: one step each
+    assert series["mean_kv_slots_held"].tolist()[:2] == [32, 64]
+    assert math.isnan(series["mean_kv_slots_held"].iloc[2])  # step C reported no held
+    assert series["mean_kv_slots_held"].iloc[3] == 16
+    assert series["mean_kv_live_tokens"].tolist()[:2] == [16, 18]
+    assert series["mean_kv_live_tokens"].iloc[3] == 18
+    paths = rec.write_outputs(tmp_path, rec.summary(kv_blocks_total=8, block_size=16))
+    assert (tmp_path / "timeseries.png") in paths
+    header = (tmp_path / "timeseries.csv").read_text().splitlines()[0]
+    assert header.endswith("mean_kv_slots_held,mean_kv_live_tokens")
+
+
+def test_no_waste_samples_when_held_is_never_reported() -> None:
+    rec, _ = two_request_run()
+    s = rec.summary(kv_blocks_total=8, block_size=16)
+    assert s["slot_utilization"] == 1.0
+    for key in ("kv_waste_fraction", "kv_waste_of_held", "mean_kv_slots_held"):
+        assert math.isnan(s[key])
+    assert rec.steps_frame()["mean_kv_slots_held"].isna().all()
 
 
 def test_bucketed_timeseries_plots(tmp_path: Path) -> None:

@@ -4,12 +4,15 @@ Plain Python only: importing this package must load neither simpy nor torch,
 and nothing here reads a clock (time always comes in as `now`).
 """
 
-from sim.core.kv import KVBudget, PagedBlockManager, num_kv_blocks
+from sim.core.contiguous import ContiguousAllocator
+from sim.core.kv import KVBudget, KVManager, PagedBlockManager, num_kv_blocks
 from sim.core.plan import SeqWork, StepPlan, StepResult, StepShape
 from sim.core.request import Request, RequestState
 
 __all__ = [
+    "ContiguousAllocator",
     "KVBudget",
+    "KVManager",
     "PagedBlockManager",
     "Request",
     "RequestState",

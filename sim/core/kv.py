@@ -16,6 +16,7 @@ block returns to the queue only when its count drops to zero.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 NULL_BLOCK = 0
 
@@ -51,6 +52,45 @@ class KVBudget:
         return num_kv_blocks(self.memory_bytes, self.memory_utilization, self.weights_bytes,
                              self.activation_reserve_bytes, self.kv_bytes_per_token,
                              self.block_size)
+
+
+class KVManager(Protocol):
+    """What schedulers call on a KV pool: PagedBlockManager or ContiguousAllocator.
+
+    `allocate`'s `reserve_tokens` is the request's peak (prompt + maximum output):
+    the paged pool ignores it and grows block by block; a contiguous pool reserves
+    it up front, as servers before paging did.
+    """
+
+    num_blocks: int
+    block_size: int
+    watermark_blocks: int
+
+    @property
+    def num_usable_blocks(self) -> int: ...
+
+    @property
+    def num_free_blocks(self) -> int: ...
+
+    @property
+    def num_used_blocks(self) -> int: ...
+
+    def blocks_for(self, num_tokens: int) -> int: ...
+
+    def peak_tokens(self, max_kv_tokens: int, reserve_tokens: int | None) -> int: ...
+
+    def block_table(self, request_id: int) -> tuple[int, ...]: ...
+
+    def allocate(self, request_id: int, num_tokens: int, use_watermark: bool = True,
+                 reserve_tokens: int | None = None) -> int: ...
+
+    def append_slots(self, request_id: int, num_tokens: int) -> tuple[int, ...] | None: ...
+
+    def append_block_each(self, request_ids: list[int]) -> list[tuple[int, ...]] | None: ...
+
+    def free(self, request_id: int) -> None: ...
+
+    def check_invariants(self) -> None: ...
 
 
 class PagedBlockManager:
@@ -92,6 +132,10 @@ class PagedBlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def peak_tokens(self, max_kv_tokens: int, reserve_tokens: int | None) -> int:
+        """Token slots a request holds at its peak: paging allocates only what is written."""
+        return max_kv_tokens
+
     def block_table(self, request_id: int) -> tuple[int, ...]:
         return self._tables.get(request_id, ())
 
@@ -100,11 +144,13 @@ class PagedBlockManager:
         return len(self._tables.get(request_id, ())) * self.block_size
 
     # -- operations ----------------------------------------------------------
-    def allocate(self, request_id: int, num_tokens: int, use_watermark: bool = True) -> int:
+    def allocate(self, request_id: int, num_tokens: int, use_watermark: bool = True,
+                 reserve_tokens: int | None = None) -> int:
         """Give a new request blocks for `num_tokens`; returns tokens found in cache (or -1).
 
         -1 means not enough free blocks (above the watermark); nothing changes.
         The cached-token count is 0 until prefix caching names blocks.
+        `reserve_tokens` is ignored: paging grows tables as tokens are written.
         """
         if request_id in self._tables:
             raise ValueError(f"request {request_id} already holds blocks")

@@ -27,6 +27,14 @@ class Scheduler(Protocol):
         """When to call schedule() again if it returned None; None = at the next arrival."""
         ...
 
+    def close(self, now: float) -> None:
+        """No more arrivals will come: a batching policy stops waiting for a full batch.
+
+        The world calls it once, after the last add(), then calls schedule() again
+        (an idle replica is woken). add() after close() is a caller's error.
+        """
+        ...
+
     @property
     def num_waiting(self) -> int: ...
 
@@ -35,5 +43,10 @@ class Scheduler(Protocol):
 
     @property
     def kv_blocks_used(self) -> int: ...
+
+    @property
+    def kv_slots_held(self) -> int:
+        """Token slots allocated (paged) or reserved (contiguous) now: the waste numerator."""
+        ...
 
     def has_unfinished(self) -> bool: ...

@@ -1,5 +1,9 @@
 """Iteration-level (continuous) batching over paged KV memory, vLLM v1 style.
 
+It runs on either KV pool: paged (the default) or contiguous, where each
+admission reserves prompt + maximum output up front (see LengthLimits), so
+the two wins, iteration-level scheduling and paging, can be measured apart.
+
 One rule drives everything: each request's computed tokens catch up to its
 known tokens (prompt + emitted output) under the step's token budget.
 Running requests go first, in admission order; a prompt larger than what is
@@ -18,19 +22,26 @@ from __future__ import annotations
 
 from collections import deque
 
-from sim.core.kv import PagedBlockManager
+from sim.core.contiguous import ContiguousAllocator
+from sim.core.kv import KVManager
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
+from sim.core.schedulers.limits import LengthLimits
 from sim.core.schedulers.plan_builder import PlanBuilder
 from sim.core.schedulers.running_batch import RunningBatch
 
 
 class ContinuousScheduler:
-    """`vectorize_at`: running-set size from which the array path is used (back below half)."""
+    """`vectorize_at`: running-set size from which the array path is used (back below half).
 
-    def __init__(self, kv: PagedBlockManager, max_num_seqs: int = 256,
+    `max_output_tokens` caps outputs (longer ones are rejected) and, on a contiguous
+    pool, sizes reservations with max_model_len (one of them is then required).
+    """
+
+    def __init__(self, kv: KVManager, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, chunked_prefill: bool = True,
-                 max_model_len: int | None = None, vectorize_at: int = 24) -> None:
+                 max_model_len: int | None = None, vectorize_at: int = 24,
+                 max_output_tokens: int | None = None) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < max_num_seqs:
@@ -38,6 +49,10 @@ class ContinuousScheduler:
                              f"max_num_seqs ({max_num_seqs}) so every decode fits a step")
         if vectorize_at < 1:
             raise ValueError(f"vectorize_at must be >= 1, got {vectorize_at}")
+        self.limits = LengthLimits(max_model_len, max_output_tokens)
+        if isinstance(kv, ContiguousAllocator) and not self.limits.bounded:
+            raise ValueError("a contiguous KV pool needs max_model_len or max_output_tokens "
+                             "to size each request's reservation")
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -62,11 +77,19 @@ class ContinuousScheduler:
     def kv_blocks_used(self) -> int:
         return self.kv.num_used_blocks
 
+    @property
+    def kv_slots_held(self) -> int:
+        """Token slots allocated (paged) or reserved (contiguous) right now."""
+        return self.kv.num_used_blocks * self.kv.block_size
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def next_wakeup(self, now: float) -> float | None:
         return None
+
+    def close(self, now: float) -> None:
+        """No more arrivals: nothing changes, every step already admits what waits."""
 
     def sync_requests(self) -> None:
         """Make running requests' `num_computed_tokens`/`num_output_done` exact (see Request)."""
@@ -84,12 +107,9 @@ class ContinuousScheduler:
         return True
 
     def _never_fits(self, request: Request) -> str | None:
-        total = request.prompt_tokens + request.output_tokens
-        if self.max_model_len is not None and total > self.max_model_len:
-            return f"prompt+output {total} > max_model_len {self.max_model_len}"
-        if self.kv.blocks_for(request.max_kv_tokens) > self.kv.num_usable_blocks:
-            return (f"needs {request.max_kv_tokens} KV tokens, pool holds "
-                    f"{self.kv.num_usable_blocks * self.kv.block_size}")
+        reason = self.limits.never_fits(request, self.kv)
+        if reason is not None:
+            return reason
         if not self.chunked_prefill and request.prompt_tokens > self.max_num_batched_tokens:
             return (f"prompt {request.prompt_tokens} > max_num_batched_tokens "
                     f"{self.max_num_batched_tokens} with chunked prefill off")
@@ -159,6 +179,7 @@ class ContinuousScheduler:
     def _admit(self, budget: int, step: PlanBuilder, now: float) -> None:
         """Admit waiting requests FCFS while budget, seats and blocks last."""
         kv, waiting, running, batch = self.kv, self.waiting, self.running, self._batch
+        reserve_tokens = self.limits.reserve_tokens
         while waiting and budget > 0 and len(running) < self.max_num_seqs:
             req = waiting[0]
             new = req.num_known_tokens - req.num_computed_tokens
@@ -169,7 +190,7 @@ class ContinuousScheduler:
                     break
                 new = budget
             if kv.allocate(req.request_id, req.num_computed_tokens + new,
-                           use_watermark=bool(running)) < 0:
+                           use_watermark=bool(running), reserve_tokens=reserve_tokens(req)) < 0:
                 break
             waiting.popleft()
             running.append(req)

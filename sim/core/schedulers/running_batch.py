@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from sim.core.kv import PagedBlockManager
+from sim.core.kv import KVManager
 from sim.core.plan import StepPlan
 from sim.core.request import Request, RequestState
 from sim.core.schedulers.plan_builder import PlanBuilder
@@ -36,7 +36,7 @@ class RunningBatch:
     __slots__ = ("reqs", "rids", "tables", "state", "block_size", "pending", "_count", "_new",
                  "_emits", "_first_rows", "_admitted", "_covers_all", "_all_decode")
 
-    def __init__(self, running: list[Request], kv: PagedBlockManager) -> None:
+    def __init__(self, running: list[Request], kv: KVManager) -> None:
         self.reqs = running  # the scheduler's list, shared: admission order, last = next victim
         self.rids = [r.request_id for r in running]
         self.tables = [kv.block_table(rid) for rid in self.rids]
@@ -88,7 +88,7 @@ class RunningBatch:
         req.num_output_done = int(self.state[DONE, row])
         return req
 
-    def schedule_running(self, budget: int, kv: PagedBlockManager, step: PlanBuilder,
+    def schedule_running(self, budget: int, kv: KVManager, step: PlanBuilder,
                          preempt: Callable[[Request], None], preempted: list[int]) -> int:
         """Give running sequences their tokens in admission order; returns the budget left.
 
@@ -131,7 +131,7 @@ class RunningBatch:
         self._fill(step, count, computed[:count], new[:count], remaining[:count])
         return left
 
-    def _schedule_decodes(self, n: int, budget: int, kv: PagedBlockManager, step: PlanBuilder,
+    def _schedule_decodes(self, n: int, budget: int, kv: KVManager, step: PlanBuilder,
                           preempt: Callable[[Request], None], preempted: list[int]) -> int:
         """Every running sequence is one plain decode: the saturated steady state."""
         computed = self.state[COMPUTED, :n]
@@ -162,7 +162,7 @@ class RunningBatch:
         self._count, self._new, self._emits, self._covers_all = n, None, None, True
         return budget - n
 
-    def _grow_tables(self, rows: list[int], targets: list[int], kv: PagedBlockManager,
+    def _grow_tables(self, rows: list[int], targets: list[int], kv: KVManager,
                      preempt: Callable[[Request], None], preempted: list[int]) -> int:
         """Grow tables one by one, preempting from the tail when blocks run out.
 
@@ -212,7 +212,7 @@ class RunningBatch:
         self._count, self._new, self._emits = count, new, emits
         self._covers_all = count == len(self.reqs) and False not in step.emits
 
-    def apply(self, now: float, kv: PagedBlockManager,
+    def apply(self, now: float, kv: KVManager,
               in_flight: dict[int, Request]) -> list[Request]:
         """Apply the pending plan: advance counters, stamp first tokens, retire finished."""
         state, reqs, count = self.state, self.reqs, self._count
@@ -245,7 +245,7 @@ class RunningBatch:
             return []
         return self._retire(finished.tolist(), now, kv, in_flight)
 
-    def _retire(self, rows: list[int], now: float, kv: PagedBlockManager,
+    def _retire(self, rows: list[int], now: float, kv: KVManager,
                 in_flight: dict[int, Request]) -> list[Request]:
         """Finish these rows in plan order (block frees are ordered), then compact."""
         state, reqs = self.state, self.reqs

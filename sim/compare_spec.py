@@ -1,0 +1,261 @@
+"""Compare specs: the validated YAML, its base scenario, and the load-search rules.
+
+A compare spec names a base scenario (a file, relative to the spec, or an
+inline mapping), variants (each a set of `--set`-style overrides) and the
+offered rates (a list, or `auto`). Variants may not touch `seed` or
+`workload`, so at each rate every variant serves the same requests. The
+search rules (saturation, knees, SLO bisection) are pure functions of run
+rows so they can be tested on constructed cases.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sim.scenario import (
+    DEFAULT_WORKLOAD,
+    Scenario,
+    ScenarioError,
+    apply_overrides,
+    format_errors,
+    load_scenario,
+)
+from sim.specs import check_tp
+from sim.sweep import SweepError, Task, override
+
+SUSTAIN_RATIO = 0.9  # achieved >= 90% of the offered rate = sustained
+_FORBIDDEN = ("seed", "workload")  # would change the request stream
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class VariantSpec(_Strict):
+    name: str = Field(min_length=1)
+    overrides: dict[str, Any] = Field(default_factory=dict, alias="set")
+
+    @model_validator(mode="after")
+    def _same_stream(self) -> VariantSpec:
+        bad = [k for k in self.overrides if k.split(".")[0] in _FORBIDDEN]
+        if bad:
+            raise ValueError(f"variant {self.name!r} sets {', '.join(bad)}: variants must "
+                             "serve the same requests, so seed and workload are the base's")
+        return self
+
+
+class AutoSpec(_Strict):
+    """Doubling from `start` until every variant saturates, then midpoints at each knee."""
+
+    start: float = Field(1.0, gt=0, allow_inf_nan=False)
+    max_rate: float = Field(1024.0, gt=0, allow_inf_nan=False)
+    min_gain: float = Field(1.1, gt=1.0, description="doubling the rate must grow throughput "
+                            "by this factor, else the variant is saturated")
+
+
+class CompareSpec(_Strict):
+    name: str | None = None
+    base: str | None = None
+    scenario: dict[str, Any] | None = None
+    variants: list[VariantSpec] = Field(min_length=1)
+    rates: list[float] | Literal["auto"] = "auto"
+    auto: AutoSpec = AutoSpec()
+    slo_threshold: float = Field(0.9, gt=0.0, le=1.0, description="SLO met = attainment >= this")
+    bisect_steps: int = Field(4, ge=0, le=20)
+    waste_rate: float | None = Field(None, gt=0, description="rate of the waste bars")
+    out: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> CompareSpec:
+        if (self.base is None) == (self.scenario is None):
+            raise ValueError("give exactly one of 'base' (a scenario file) or 'scenario'")
+        names = [v.name for v in self.variants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"variant names must be unique, got {names}")
+        if isinstance(self.rates, list) and (not self.rates or min(self.rates) <= 0):
+            raise ValueError("rates must be a non-empty list of rates > 0, or 'auto'")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class Base:
+    """The loaded spec: its base scenario, and how an offered rate becomes overrides."""
+
+    spec: CompareSpec
+    source: str
+    base_dir: Path
+    raw: dict[str, Any]
+    trace_rate: float | None  # a trace's own arrival rate at time_scale 1; None = synthetic
+
+    def scenario(self, variant: VariantSpec, rate: float) -> Scenario:
+        sets = [override(k, v) for k, v in variant.overrides.items()]
+        return _validate(self.raw, [*sets, *rate_overrides(rate, self.trace_rate)], self.source)
+
+    def task(self, variant: VariantSpec, rate: float) -> Task:
+        return Task(self.scenario(variant, rate), self.base_dir)
+
+
+def rate_overrides(rate: float, trace_rate: float | None) -> list[str]:
+    """Synthetic: set the arrival rate; trace: speed the replay up to `rate`."""
+    if trace_rate is None:
+        return [override("workload.arrivals.rate", rate)]
+    return [override("workload.trace.time_scale", rate / trace_rate)]
+
+
+def _validate(raw: dict[str, Any], sets: list[str], source: str) -> Scenario:
+    """As `load_scenario`, for a mapping already in memory."""
+    raw = apply_overrides(copy.deepcopy(raw), sets)
+    try:
+        scenario = Scenario.model_validate(raw)
+    except ValidationError as err:
+        raise ScenarioError(format_errors(err, source)) from None
+    try:
+        check_tp(scenario.model_spec, scenario.hardware.count)
+    except ValueError as err:
+        raise ScenarioError(f"{source}: hardware.count: {err}") from None
+    return scenario
+
+
+def load_spec(path: str | Path) -> Base:
+    """Read and validate a compare spec and its base; every problem is a SweepError."""
+    path = Path(path)
+    try:
+        raw_spec = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SweepError(f"{path}: no such compare file") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise SweepError(f"{path}: cannot read: {getattr(err, 'problem', None) or err}") from None
+    if not isinstance(raw_spec, dict):
+        raise SweepError(f"{path}: a compare spec must be a mapping")
+    try:
+        spec = CompareSpec.model_validate(raw_spec)
+    except ValidationError as err:
+        raise SweepError(_spec_errors(err, path)) from None
+    spec_dir = path.resolve().parent
+    try:
+        if spec.base is not None:
+            base_path = spec_dir / spec.base
+            scenario, base_dir = load_scenario(base_path)  # checks the file and its fields
+            raw, source = yaml.safe_load(base_path.read_text()), str(base_path)
+        else:
+            raw, base_dir = copy.deepcopy(spec.scenario or {}), spec_dir
+            source = f"{path}: scenario"
+            raw.setdefault("workload", copy.deepcopy(DEFAULT_WORKLOAD))
+            scenario = _validate(raw, [], source)
+        raw.setdefault("workload", copy.deepcopy(DEFAULT_WORKLOAD))
+        trace_rate = _trace_rate(raw, base_dir, source) if scenario.workload.trace else None
+        base = Base(spec, source, base_dir, raw, trace_rate)
+        rate = spec.rates[0] if isinstance(spec.rates, list) else spec.auto.start
+        for variant in spec.variants:  # a bad override fails now, not mid-sweep
+            base.scenario(variant, rate)
+    except ScenarioError as err:
+        raise SweepError(str(err)) from None
+    return base
+
+
+def _trace_rate(raw: dict[str, Any], base_dir: Path, source: str) -> float:
+    """A trace's mean arrival rate at time_scale 1: (arrivals - 1) / span."""
+    from sim.sweep import stream_digest
+
+    scenario = _validate(raw, [override("workload.trace.time_scale", 1.0)], source)
+    try:
+        _, count, span_s = stream_digest(scenario, base_dir)
+    except (ValueError, FileNotFoundError) as err:
+        raise ScenarioError(f"{source}: {err}") from None
+    if count < 2 or span_s <= 0:
+        raise ScenarioError(f"{source}: the trace needs two arrivals at different times "
+                            "to have a rate")
+    return (count - 1) / span_s
+
+
+def _spec_errors(err: ValidationError, path: Path) -> str:
+    problems = []
+    for e in err.errors(include_url=False):
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("list[", "literal[")))
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown key; allowed: {', '.join(CompareSpec.model_fields)}"
+        problems.append(f"{loc or '(top level)'}: {msg}")
+    return f"{path}: " + "; ".join(dict.fromkeys(problems))
+
+
+@dataclass(frozen=True, slots=True)
+class Bracket:
+    """The highest rate known to meet the SLOs and the lowest known to miss them."""
+
+    lo: float | None
+    hi: float | None
+
+    def probe(self) -> float:
+        if self.lo is None:
+            return self.hi / 2  # type: ignore[operator]
+        return self.lo * 2 if self.hi is None else (self.lo + self.hi) / 2
+
+
+def bracket(outcomes: list[tuple[float, bool]]) -> Bracket:
+    """From (rate, met) pairs: lo = the highest met rate below the lowest missed one."""
+    missed = [r for r, ok in outcomes if not ok]
+    hi = min(missed) if missed else None
+    met = [r for r, ok in outcomes if ok and (hi is None or r < hi)]
+    return Bracket(max(met) if met else None, hi)
+
+
+def bisect_max_rate(brackets: dict[str, Bracket], steps: int,
+                    evaluate: Callable[[dict[str, float]], dict[str, bool]]
+                    ) -> dict[str, Bracket]:
+    """`steps` rounds; each probes every variant once (one parallel batch per round)."""
+    for _ in range(steps):
+        probes = {name: b.probe() for name, b in brackets.items()}
+        met = evaluate(probes)
+        brackets = {name: Bracket(probes[name], b.hi) if met[name] else Bracket(b.lo, probes[name])
+                    for name, b in brackets.items()}
+    return brackets
+
+
+def is_sustained(row: dict[str, Any]) -> bool:
+    """Completions keep pace with arrivals: completion rate >= 90% of the arrival rate.
+
+    Both are (count - 1) / span, of finish times and of arrival times. vLLM's
+    request_throughput (completed / (last finish - first arrival)) would do for
+    long runs, but its drain tail (the last request's latency) makes a short
+    run look saturated at any load; the completion span has no such tail.
+    """
+    achieved, offered = row.get("completion_rate"), row.get("offered_rate_measured")
+    if achieved is None or offered is None or not (math.isfinite(offered)
+                                                   and math.isfinite(achieved)):
+        return False
+    return achieved >= SUSTAIN_RATIO * offered
+
+
+def auto_next(history: dict[str, list[dict[str, Any]]], auto: AutoSpec) -> bool:
+    """Keep doubling? Only while some variant is not yet saturated and below max_rate.
+
+    A variant saturates at its last rate when it no longer sustains it, or when
+    doubling the rate raised its achieved throughput by less than `min_gain`.
+    """
+    for rows in history.values():
+        last = rows[-1]
+        grew = len(rows) < 2 or last["completion_rate"] >= auto.min_gain * rows[-2][
+            "completion_rate"]
+        if is_sustained(last) and grew and last["offered_rate"] * 2 <= auto.max_rate:
+            return True
+    return False
+
+
+def knee_midpoints(history: dict[str, list[dict[str, Any]]]) -> list[float]:
+    """Per variant, sqrt(lo * hi) between its last sustained and first unsustained rate."""
+    mids = set()
+    for rows in history.values():
+        for below, above in zip(rows, rows[1:], strict=False):
+            if is_sustained(below) and not is_sustained(above):
+                mids.add(math.sqrt(below["offered_rate"] * above["offered_rate"]))
+                break
+    return sorted(mids)

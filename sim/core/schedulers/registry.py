@@ -1,0 +1,79 @@
+"""Policy name -> how to build its scheduler and which KV pools it runs on.
+
+Why a registry: the scenario loader validates `scheduler.policy` and `kv.mode`
+against it and sim.run builds from it, so adding a policy touches one place.
+Settings arrive as one plain value (no pydantic here: sim.core stays bare).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from sim.core.contiguous import ContiguousAllocator
+from sim.core.kv import KVManager
+from sim.core.schedulers.base import Scheduler
+from sim.core.schedulers.continuous import ContinuousScheduler
+from sim.core.schedulers.dynamic import DEFAULT_MAX_WAIT_S, DynamicScheduler
+from sim.core.schedulers.static import StaticScheduler
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    """Every policy's knobs; each policy reads the ones it has."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    chunked_prefill: bool = True
+    max_model_len: int | None = None
+    max_output_tokens: int | None = None
+    batch_size: int = 16
+    max_wait_s: float | None = None  # dynamic: None = DEFAULT_MAX_WAIT_S; static: no timer
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """`kv_modes`: the KV pools the policy runs on, its default first."""
+
+    build: Callable[[KVManager, SchedulerSettings], Scheduler]
+    kv_modes: tuple[str, ...]
+
+
+def _continuous(kv: KVManager, s: SchedulerSettings) -> Scheduler:
+    return ContinuousScheduler(kv, s.max_num_seqs, s.max_num_batched_tokens, s.chunked_prefill,
+                               s.max_model_len, max_output_tokens=s.max_output_tokens)
+
+
+def _contiguous(kv: KVManager) -> ContiguousAllocator:
+    if not isinstance(kv, ContiguousAllocator):
+        raise TypeError(f"request-level batching needs a contiguous KV pool, "
+                        f"got {type(kv).__name__}")
+    return kv
+
+
+def _static(kv: KVManager, s: SchedulerSettings) -> Scheduler:
+    return StaticScheduler(_contiguous(kv), s.batch_size, s.max_wait_s, s.max_model_len,
+                           s.max_output_tokens)
+
+
+def _dynamic(kv: KVManager, s: SchedulerSettings) -> Scheduler:
+    wait_s = DEFAULT_MAX_WAIT_S if s.max_wait_s is None else s.max_wait_s
+    return DynamicScheduler(_contiguous(kv), s.batch_size, wait_s, s.max_model_len,
+                            s.max_output_tokens)
+
+
+POLICIES: Mapping[str, Policy] = MappingProxyType({
+    "continuous": Policy(_continuous, ("paged", "contiguous")),
+    "static": Policy(_static, ("contiguous",)),
+    "dynamic": Policy(_dynamic, ("contiguous",)),
+})
+
+
+def build_scheduler(policy: str, kv: KVManager, settings: SchedulerSettings) -> Scheduler:
+    try:
+        entry = POLICIES[policy]
+    except KeyError:
+        raise ValueError(f"unknown scheduler policy {policy!r}; "
+                         f"known: {', '.join(POLICIES)}") from None
+    return entry.build(kv, settings)

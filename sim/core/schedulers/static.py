@@ -1,0 +1,132 @@
+"""Static batching: request-level batches of a fixed size B, the baseline that wastes slots.
+
+A batch launches when B requests wait, when arrivals are exhausted (close()),
+or, if `max_wait_s` is set, when the oldest has waited that long. It runs to
+completion (see RequestBatch): padded to B slots, nothing joins, and the next
+batch launches only when its longest member has finished. KV memory is
+contiguous: each member reserves prompt + maximum output at launch and keeps
+it until the batch ends, as servers before paging did.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import ClassVar
+
+from sim.core.contiguous import ContiguousAllocator
+from sim.core.plan import StepPlan, StepResult
+from sim.core.request import Request, RequestState
+from sim.core.schedulers.limits import LengthLimits
+from sim.core.schedulers.request_batch import RequestBatch
+
+
+class StaticScheduler:
+    """`max_model_len` and/or `max_output_tokens` size the reservations (see LengthLimits)."""
+
+    pads_to_batch_size: ClassVar[bool] = True  # a short batch still runs over B slots
+    launches_on_close: ClassVar[bool] = True  # the end of arrivals launches a short batch
+
+    def __init__(self, kv: ContiguousAllocator, batch_size: int = 16,
+                 max_wait_s: float | None = None, max_model_len: int | None = None,
+                 max_output_tokens: int | None = None, pad_prompts: bool = True) -> None:
+        if not isinstance(kv, ContiguousAllocator):
+            raise TypeError(f"{type(self).__name__} reserves KV up front: it needs a "
+                            f"ContiguousAllocator, got {type(kv).__name__}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if max_wait_s is not None and not max_wait_s >= 0:
+            raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s!r}")
+        self.limits = LengthLimits(max_model_len, max_output_tokens)
+        if not self.limits.bounded:
+            raise ValueError("max_model_len or max_output_tokens is needed to size each "
+                             "request's KV reservation")
+        self.kv = kv
+        self.batch_size = batch_size
+        self.max_wait_s = max_wait_s
+        self.pad_prompts = pad_prompts
+        self.waiting: deque[Request] = deque()
+        self.batch: RequestBatch | None = None
+        self.closed = False
+
+    # -- queries -------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Live members of the running batch (finished ones only pad it)."""
+        return 0 if self.batch is None else self.batch.num_live
+
+    @property
+    def kv_blocks_used(self) -> int:
+        return self.kv.num_used_blocks
+
+    @property
+    def kv_slots_held(self) -> int:
+        """Token slots reserved now, by live and finished members alike."""
+        return self.kv.num_used_blocks * self.kv.block_size
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting) or self.batch is not None
+
+    def next_wakeup(self, now: float) -> float | None:
+        """The oldest waiter's deadline, when a max wait is set and no batch runs."""
+        if self.batch is not None or not self.waiting or self.max_wait_s is None:
+            return None
+        return self.waiting[0].arrival_s + self.max_wait_s
+
+    # -- contract ------------------------------------------------------------
+    def add(self, request: Request, now: float) -> bool:
+        reason = self.limits.never_fits(request, self.kv)
+        if reason is not None:
+            request.reject(reason, now)
+            return False
+        self.waiting.append(request)
+        return True
+
+    def close(self, now: float) -> None:
+        self.closed = True
+
+    def schedule(self, now: float) -> StepPlan | None:
+        if self.batch is None:
+            if not self._ready(now):
+                return None
+            self.batch = self._launch(now)
+        return self.batch.plan(self.kv)
+
+    def _ready(self, now: float) -> bool:
+        waiting = self.waiting
+        if not waiting:
+            return False
+        if len(waiting) >= self.batch_size or (self.closed and self.launches_on_close):
+            return True
+        return self.max_wait_s is not None and now >= waiting[0].arrival_s + self.max_wait_s
+
+    def _launch(self, now: float) -> RequestBatch:
+        """Reserve KV for up to B waiters, FCFS; the pool is empty, so the first always fits."""
+        kv, waiting, reserve_tokens = self.kv, self.waiting, self.limits.reserve_tokens
+        members: list[Request] = []
+        while waiting and len(members) < self.batch_size:
+            req = waiting[0]
+            # no watermark: reservations never grow, so there is no growth to keep room for
+            if kv.allocate(req.request_id, req.prompt_tokens, use_watermark=False,
+                           reserve_tokens=reserve_tokens(req)) < 0:
+                break  # the pool is full: the batch runs short
+            waiting.popleft()
+            req.state = RequestState.RUNNING
+            req.first_scheduled_s = now
+            members.append(req)
+        padded = self.batch_size if self.pads_to_batch_size else len(members)
+        return RequestBatch(members, padded, self.pad_prompts)
+
+    def on_step_done(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
+        batch = self.batch
+        if batch is None:
+            raise ValueError("on_step_done without a running batch")
+        finished = batch.apply(plan, now)
+        if batch.done:  # the longest member is done: the whole batch's KV goes back
+            for req in batch.members:
+                self.kv.free(req.request_id)
+            self.batch = None
+        return finished

@@ -1,0 +1,68 @@
+"""Plain-value views of a run summary: JSON-safe values and vLLM's terminal block.
+
+Kept apart from the recorder so workers and reports can format summaries
+without pulling in the recording machinery.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON values: NaN/inf -> None, numpy scalars -> Python numbers."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A terminal block in the shape of vLLM's 'Serving Benchmark Result'."""
+    width = 50
+
+    def row(label: str, key: str) -> str:
+        value = summary.get(key)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            text = "n/a"
+        elif isinstance(value, float):
+            text = f"{value:.2f}"
+        else:
+            text = str(value)
+        return f"{label:<38}{text:>12}"
+
+    lines = [f"{' Serving Benchmark Result ':=^{width}}",
+             row("Successful requests:", "completed"),
+             row("Rejected requests:", "rejected"),
+             row("Benchmark duration (s):", "duration"),
+             row("Total input tokens:", "total_input_tokens"),
+             row("Total generated tokens:", "total_output_tokens"),
+             row("Request throughput (req/s):", "request_throughput")]
+    if "request_goodput" in summary:
+        lines.append(row("Request goodput (req/s):", "request_goodput"))
+        lines.append(row("SLO attainment:", "slo_attainment"))
+    lines += [row("Output token throughput (tok/s):", "output_throughput"),
+              row("Total token throughput (tok/s):", "total_token_throughput")]
+    sections = (("ttft", "TTFT", "Time to First Token"),
+                ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+                ("itl", "ITL", "Inter-token Latency"),
+                ("e2el", "E2EL", "End-to-end Latency"))
+    for key, short, title in sections:
+        lines.append(f"{' ' + title + ' ':-^{width}}")
+        for stat, label in (("mean", "Mean"), ("median", "Median"), ("p99", "P99")):
+            lines.append(row(f"{label} {short} (ms):", f"{stat}_{key}_ms"))
+    if "slot_utilization" in summary:
+        lines.append(f"{' Batching waste (busy-time average) ':-^{width}}")
+        lines += [row("Slot utilisation:", "slot_utilization"),
+                  row("KV waste (share of pool):", "kv_waste_fraction"),
+                  row("KV waste (share of held):", "kv_waste_of_held")]
+    lines.append("=" * width)
+    return "\n".join(lines)
