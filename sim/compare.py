@@ -41,12 +41,13 @@ MD_COLUMNS = {"variant": "variant", "offered_rate": "offered req/s",
               "median_ttft_ms": "TTFT p50 ms", "p99_ttft_ms": "TTFT p99 ms",
               "median_tpot_ms": "TPOT p50 ms", "p99_tpot_ms": "TPOT p99 ms",
               "request_goodput": "goodput req/s", "slot_utilization": "slot util",
-              "kv_waste_fraction": "KV waste (pool)", "tokens_per_s_per_user": "tok/s/user",
+              "kv_waste_of_held": "KV waste (held)", "kv_waste_fraction": "KV waste (pool)",
+              "tokens_per_s_per_user": "tok/s/user",
               "tokens_per_s_per_gpu": "tok/s/GPU", "sustained": "sustained"}
 SHORT = {"variant": "variant", "offered_rate": "rate", "request_throughput": "req/s",
          "output_throughput": "tok/s", "p99_ttft_ms": "p99 TTFT ms", "p99_tpot_ms": "p99 TPOT ms",
          "request_goodput": "goodput", "slot_utilization": "slot util",
-         "kv_waste_fraction": "KV waste"}
+         "kv_waste_of_held": "KV waste"}
 
 
 def _num(value: Any) -> float:

@@ -109,11 +109,13 @@ def plot_waste(table: pd.DataFrame, rate: float, path: Path) -> Path:
     names = rows["variant"].astype(str).tolist()
     pos = np.arange(len(names))
     util = rows["slot_utilization"].to_numpy(dtype=np.float64) * 100
-    waste = rows["kv_waste_fraction"].to_numpy(dtype=np.float64) * 100
-    for ax, values, title, color in ((ax_slot, util, "Batch slots doing real work", "tab:blue"),
-                                     (ax_kv, waste, "KV pool held but not live", "tab:red")):
+    waste = rows["kv_waste_of_held"].to_numpy(dtype=np.float64) * 100
+    panels = ((ax_slot, util, "Batch slots doing real work", "% of slot-steps", "tab:blue"),
+              (ax_kv, waste, "Held KV not holding a live token", "% of held KV (time avg)",
+               "tab:red"))
+    for ax, values, title, ylabel, color in panels:
         ax.set_title(title)
-        ax.set_ylabel("% (busy-time average)")
+        ax.set_ylabel(ylabel)
         ax.set_ylim(0, 105)
         ax.grid(True, axis="y", alpha=0.3)
         if not np.isfinite(values).any():

@@ -270,7 +270,12 @@ class RunRecorder:
         kv_s, held = math.fsum(self._series.kv_busy_s), math.fsum(self._series.held_x_s)
         live = math.fsum(self._series.live_x_s)
         return {
-            "slot_utilization": self._batch_x_s / self._padded_x_s if self._padded_x_s else nan,
+            # per iteration, as the formula reads: useful slot-steps / slot-steps
+            "slot_utilization": (self._useful_slot_steps / self._slot_steps
+                                 if self._slot_steps else nan),
+            # the same weighted by step duration (long padded prefills count for more)
+            "slot_utilization_time_weighted": (self._batch_x_s / self._padded_x_s
+                                               if self._padded_x_s else nan),
             "slot_steps_total": self._slot_steps,
             "slot_steps_useful": self._useful_slot_steps,
             "kv_pool_tokens": pool,

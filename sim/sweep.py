@@ -30,9 +30,9 @@ WALL_FIELDS = ("wall_s",)
 TABLE_METRICS = ("completed", "rejected", "request_throughput", "output_throughput",
                  "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
                  "request_goodput", "slo_attainment", "mean_batch_size", "slot_utilization",
-                 "kv_waste_fraction", "total_preemptions")
+                 "kv_waste_fraction", "kv_waste_of_held", "total_preemptions")
 SHORT_METRICS = ("completed", "request_throughput", "output_throughput", "p99_ttft_ms",
-                 "p99_tpot_ms", "request_goodput", "slot_utilization", "kv_waste_fraction")
+                 "p99_tpot_ms", "request_goodput", "slot_utilization", "kv_waste_of_held")
 
 
 class SweepError(Exception):

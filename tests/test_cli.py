@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from sim import __version__
 from sim.cli import main
+from sim.compare_spec import load_spec
+from sim.run import run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
@@ -182,7 +185,32 @@ def test_capacity(capsys: pytest.CaptureFixture[str]) -> None:
     assert "llama-3-8b" in out and "h100-sxm" in out
 
 
-@pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.name)
+def is_compare_spec(path: Path) -> bool:
+    return "variants" in (yaml.safe_load(path.read_text()) or {})
+
+
+SCENARIO_FILES = [p for p in sorted(SCENARIOS.glob("*.yaml")) if not is_compare_spec(p)]
+COMPARE_SPECS = [p for p in sorted(SCENARIOS.glob("*.yaml")) if is_compare_spec(p)]
+
+
+@pytest.mark.parametrize("path", COMPARE_SPECS, ids=lambda p: p.name)
+def test_every_shipped_compare_spec_runs_each_variant(path: Path) -> None:
+    """Each variant of a shipped compare spec validates and runs (on a few requests)."""
+    if "shared/traces" in path.read_text() and not SHARED_TRACES.is_dir():
+        pytest.skip(f"{SHARED_TRACES} is absent: the real traces are not here")
+    base = load_spec(path)
+    policies = set()
+    for variant in base.spec.variants:
+        scenario = base.scenario(variant, 4.0)
+        small = scenario.model_copy(
+            update={"workload": scenario.workload.model_copy(update={"num_requests": 40})})
+        summary = run_scenario(small, base.base_dir, show_progress=False).summary
+        assert summary["completed"] + summary["rejected"] == 40
+        policies.add((scenario.scheduler.policy, scenario.kv_mode))
+    assert len(policies) == len(base.spec.variants), "variants must differ"
+
+
+@pytest.mark.parametrize("path", SCENARIO_FILES, ids=lambda p: p.name)
 def test_every_shipped_scenario_runs(path: Path, tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     if "shared/traces" in path.read_text() and not SHARED_TRACES.is_dir():

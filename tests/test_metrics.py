@@ -277,8 +277,9 @@ def waste_run() -> RunRecorder:
 def test_waste_metrics_hand_computed() -> None:
     s = waste_run().summary(kv_blocks_total=8, block_size=16)
     # slots: useful 2*.1 + 2*.2 + 1*.3 + 2*.1 = 1.1 of 2*.1 + 4*.2 + 1*.3 + 2*.1 = 1.5
-    assert s["slot_utilization"] == pytest.approx(1.1 / 1.5)
+    assert s["slot_utilization_time_weighted"] == pytest.approx(1.1 / 1.5)
     assert (s["slot_steps_useful"], s["slot_steps_total"]) == (7, 9)
+    assert s["slot_utilization"] == pytest.approx(7 / 9)
     assert s["kv_pool_tokens"] == 128
     # KV over A, B, D (0.4 s): waste (32-16)*.1 + (64-18)*.2 + 0 = 10.8
     held_x_s, live_x_s = 32 * .1 + 64 * .2 + 16 * .1, 16 * .1 + 18 * .2 + 18 * .1
