@@ -58,13 +58,6 @@ def test_default_lengths_fit_the_default_models_context() -> None:
     assert default.workload.arrivals is not None and default.workload.arrivals.rate == 8.0
 
 
-@pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.name)
-def test_every_shipped_scenario_validates(path: Path) -> None:
-    scenario, base_dir = load_scenario(path)
-    assert base_dir == path.parent
-    assert scenario.name == path.stem
-
-
 def test_no_file_means_the_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     scenario, base_dir = load_scenario(None)
