@@ -37,7 +37,10 @@ class Request:
     prompt_tokens: int
     output_tokens: int
     prompt_token_ids: tuple[int, ...] | None = None
+    # content ids of the prompt's consecutive `prefix_unit_tokens`-token pieces (the
+    # last may be partial): equal ids = equal tokens, as in Mooncake's hash_ids
     prefix_block_ids: tuple[int, ...] | None = None
+    prefix_unit_tokens: int = 512
 
     state: RequestState = RequestState.WAITING
     num_computed_tokens: int = 0
