@@ -38,11 +38,13 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     out_dir = Path(args.out or scenario.output.dir or Path("results") / scenario.name)
     plots = scenario.output.plots and not args.no_plots
-    result.recorder.write_outputs(out_dir, result.summary, plots=plots)
+    result.write_outputs(out_dir, plots=plots)
     if not args.quiet:
         model, hw = scenario.model_spec, scenario.hardware_spec
-        print(f"scenario {scenario.name}: {model.name} on {hw.name} x{scenario.hardware.count}, "
-              f"{scenario.scheduler.policy} batching, {result.num_blocks} KV blocks of "
+        fleet = (f" per replica, {scenario.replicas} replicas behind a "
+                 f"{scenario.router.policy} router" if scenario.replicas > 1 else "")
+        print(f"scenario {scenario.name}: {model.name} on {hw.name} x{scenario.hardware.count}"
+              f"{fleet}, {scenario.scheduler.policy} batching, {result.num_blocks} KV blocks of "
               f"{scenario.kv.block_size} tokens, latency model: {result.latency_name}")
         print(format_summary(result.summary))
         print(f"simulated in {result.wall_s:.2f} s wall; results in {out_dir}/")

@@ -35,19 +35,27 @@ __all__ = ["CompareResult", "load_spec", "run_compare", "write_compare"]
 _COPIED = ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
            "median_tpot_ms", "p99_tpot_ms", "median_e2el_ms", "p99_e2el_ms", "request_goodput",
            "slo_attainment", "slot_utilization", "kv_waste_fraction", "kv_waste_of_held",
-           "mean_batch_size", "completed", "rejected", "total_preemptions")
+           "mean_batch_size", "completed", "rejected", "total_preemptions", "prefix_hit_rate",
+           "prefill_tokens_saved", "cache_evictions")
 MD_COLUMNS = {"variant": "variant", "offered_rate": "offered req/s",
               "request_throughput": "req/s", "output_throughput": "out tok/s",
               "median_ttft_ms": "TTFT p50 ms", "p99_ttft_ms": "TTFT p99 ms",
               "median_tpot_ms": "TPOT p50 ms", "p99_tpot_ms": "TPOT p99 ms",
               "request_goodput": "goodput req/s", "slot_utilization": "slot util",
               "kv_waste_of_held": "KV waste (held)", "kv_waste_fraction": "KV waste (pool)",
+              "prefix_hit_rate": "prefix hit rate",
               "tokens_per_s_per_user": "tok/s/user",
               "tokens_per_s_per_gpu": "tok/s/GPU", "sustained": "sustained"}
 SHORT = {"variant": "variant", "offered_rate": "rate", "request_throughput": "req/s",
          "output_throughput": "tok/s", "p99_ttft_ms": "p99 TTFT ms", "p99_tpot_ms": "p99 TPOT ms",
          "request_goodput": "goodput", "slot_utilization": "slot util",
-         "kv_waste_of_held": "KV waste"}
+         "kv_waste_of_held": "KV waste", "prefix_hit_rate": "hit rate"}
+
+
+def _shown(table: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """The named columns, less those no run measured (all NaN, e.g. hit rate w/o caching)."""
+    view = table[list(columns)].rename(columns=columns)
+    return view.loc[:, ~view.isna().all()]
 
 
 def _num(value: Any) -> float:
@@ -94,7 +102,8 @@ class _Session:
             for (name, rate), task, result in zip(todo, tasks, results, strict=True):
                 if "error" in result:
                     raise SweepError(f"variant {name!r} at {rate:g} req/s: {result['error']}")
-                gpus = task.scenario.hardware.count  # a variant may change the TP degree
+                # a variant may change the TP degree; a fleet has replicas x TP GPUs
+                gpus = task.scenario.hardware.count * task.scenario.replicas
                 self.rows[(name, rate)] = make_row(name, rate, result, gpus)
             self._check_streams()
         return [self.rows[(v.name, r)] for v, r in pairs]
@@ -202,8 +211,8 @@ def run_compare(base: Base, backend: Backend | None = None, progress: bool = Tru
 def write_compare(result: CompareResult, out_dir: Path, plots: bool = True) -> list[Path]:
     """compare.csv/.md (+ compare_slo.csv, probes.csv) and the PNG plots."""
     written = write_table(result.table, out_dir, "compare")
-    md = ["# Load sweep\n", markdown_table(result.table[list(MD_COLUMNS)].rename(
-        columns=MD_COLUMNS)), "\nAll columns: compare.csv.\n"]
+    md = ["# Load sweep\n", markdown_table(_shown(result.table, MD_COLUMNS)),
+          "\nAll columns: compare.csv.\n"]
     if result.slo is not None:
         slo_csv = out_dir / "compare_slo.csv"
         result.slo.to_csv(slo_csv, index=False)
@@ -223,7 +232,7 @@ def write_compare(result: CompareResult, out_dir: Path, plots: bool = True) -> l
 
 def format_compare(result: CompareResult) -> str:
     """Short terminal tables: the load sweep and the SLO search."""
-    short = result.table[list(SHORT)].rename(columns=SHORT)
+    short = _shown(result.table, SHORT)
     text = short.to_string(index=False, float_format=lambda x: f"{x:.3g}")
     if result.slo is not None:
         text += "\n\nHighest rate meeting the SLOs (goodput per GPU):\n"

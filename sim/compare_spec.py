@@ -25,10 +25,9 @@ from sim.scenario import (
     Scenario,
     ScenarioError,
     apply_overrides,
-    format_errors,
     load_scenario,
+    validate_scenario,
 )
-from sim.specs import check_tp
 from sim.sweep import SweepError, Task, override
 
 SUSTAIN_RATIO = 0.9  # achieved >= 90% of the offered rate = sustained
@@ -112,16 +111,7 @@ def rate_overrides(rate: float, trace_rate: float | None) -> list[str]:
 
 def _validate(raw: dict[str, Any], sets: list[str], source: str) -> Scenario:
     """As `load_scenario`, for a mapping already in memory."""
-    raw = apply_overrides(copy.deepcopy(raw), sets)
-    try:
-        scenario = Scenario.model_validate(raw)
-    except ValidationError as err:
-        raise ScenarioError(format_errors(err, source)) from None
-    try:
-        check_tp(scenario.model_spec, scenario.hardware.count)
-    except ValueError as err:
-        raise ScenarioError(f"{source}: hardware.count: {err}") from None
-    return scenario
+    return validate_scenario(apply_overrides(copy.deepcopy(raw), sets), source)
 
 
 def load_spec(path: str | Path) -> Base:

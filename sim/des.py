@@ -3,26 +3,50 @@
 One event per engine step: a replica asks its scheduler for a plan, holds
 the simulated clock for the step's predicted latency, then applies it.
 Arrivals during a step are queued at once and seen at the next schedule().
-After the last arrival every scheduler is closed (no more requests will come)
-and idle replicas are woken, so static batching launches its short last batch.
-Finished requests are handed to the recorder and dropped, so memory follows
-the requests in flight, not the requests done.
+Each arrival asks the router for a replica at its arrival instant, so the
+router sees every replica's queue and KV as they are then (arrivals at the
+same instant see the ones routed before them). After the last arrival every
+scheduler is closed (no more requests will come) and idle replicas are woken,
+so static batching launches its short last batch. Finished requests are handed
+to the recorders and dropped, so memory follows the requests in flight, not
+the requests done.
+
+A fleet records each step and request twice: in its replica's recorder and
+in the fleet's. One replica records once and never calls the router, so its
+hot loop is the single-replica loop it always was.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import simpy
 
+from sim.core.kv import KVManager
 from sim.core.plan import StepResult
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
 from sim.metrics import RunRecorder
+from sim.router import Router
 
 SCRIPTED = StepResult()  # the simulator's outputs are scripted: no token values
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSetup:
+    """What one replica is built from; `kv` lets a router read its load and prefix cache."""
+
+    scheduler: Scheduler
+    latency: LatencyModel
+    recorder: RunRecorder
+    kv: KVManager | None = None
+
+
+def _no_cache(_request: Request) -> int:
+    return 0
 
 
 @dataclass(slots=True, eq=False)
@@ -34,11 +58,34 @@ class Replica:
     latency: LatencyModel
     recorder: RunRecorder
     on_done: Callable[[int], None] | None = None
+    kv: KVManager | None = None
+    fleet_recorder: RunRecorder | None = None  # also records here (None: one replica)
     _wake: simpy.Event | None = field(default=None, init=False)
+    _cached: Callable[[Request], int] = field(default=_no_cache, init=False)
 
+    def __post_init__(self) -> None:
+        # block managers without prefix caching have no lookup: nothing is cached
+        self._cached = getattr(self.kv, "cached_prefix_tokens", None) or _no_cache
+
+    # -- what a router reads (sim.router.ReplicaView) --------------------------
+    @property
+    def num_outstanding(self) -> int:
+        return self.scheduler.num_waiting + self.scheduler.num_running
+
+    @property
+    def kv_load(self) -> float:
+        usable = self.kv.num_usable_blocks if self.kv is not None else 0
+        return self.scheduler.kv_blocks_used / usable if usable else 0.0
+
+    def cached_prefix_tokens(self, request: Request) -> int:
+        return self._cached(request)
+
+    # -- the world -------------------------------------------------------------
     def submit(self, request: Request) -> None:
         if not self.scheduler.add(request, self.env.now):
             self.recorder.record_rejected(request)
+            if self.fleet_recorder is not None:
+                self.fleet_recorder.record_rejected(request)
             if self.on_done is not None:
                 self.on_done(1)
             return
@@ -55,6 +102,7 @@ class Replica:
 
     def run(self):  # noqa: ANN201 - a SimPy process generator
         env, scheduler, recorder = self.env, self.scheduler, self.recorder
+        fleet = self.fleet_recorder
         step_time = self.latency.step_time
         while True:
             plan = scheduler.schedule(env.now)
@@ -72,10 +120,15 @@ class Replica:
             duration_s = step_time(plan.shape)
             yield env.timeout(duration_s)
             finished = scheduler.on_step_done(plan, SCRIPTED, env.now)
-            recorder.record_step(start_s, duration_s, plan, scheduler.num_waiting,
-                                 scheduler.num_running, scheduler.kv_blocks_used, held)
+            waiting, running, used = (scheduler.num_waiting, scheduler.num_running,
+                                      scheduler.kv_blocks_used)
+            recorder.record_step(start_s, duration_s, plan, waiting, running, used, held)
             for request in finished:
                 recorder.record_finished(request)
+            if fleet is not None:
+                fleet.record_step(start_s, duration_s, plan, waiting, running, used, held)
+                for request in finished:
+                    fleet.record_finished(request)
             if finished and self.on_done is not None:
                 self.on_done(len(finished))
 
@@ -104,6 +157,37 @@ def _arrivals(env: simpy.Environment, requests: Iterable[Request],
         route(request).submit(request)
     for replica in replicas:
         replica.close()
+
+
+def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup], router: Router,
+                   rng: np.random.Generator, fleet_recorder: RunRecorder,
+                   on_done: Callable[[int], None] | None = None) -> float:
+    """Run replicas behind `router` to completion; returns the simulated end time in seconds.
+
+    Every request and step goes to its replica's recorder and to `fleet_recorder`
+    (once, when a replica's recorder is the fleet's). One replica skips the router.
+    """
+    if not setups:
+        raise ValueError("a fleet needs at least one replica")
+    env = simpy.Environment()
+    replicas = [Replica(env, s.scheduler, s.latency, s.recorder, on_done, s.kv,
+                        None if s.recorder is fleet_recorder else fleet_recorder)
+                for s in setups]
+    for replica in replicas:
+        env.process(replica.run())
+    if len(replicas) == 1:
+        only = replicas[0]
+
+        def route(_request: Request) -> Replica:
+            return only
+    else:
+        choose = router.choose
+
+        def route(request: Request) -> Replica:
+            return replicas[choose(request, replicas, rng)]
+    env.process(_arrivals(env, requests, route, replicas))
+    env.run()
+    return float(env.now)
 
 
 def simulate(requests: Iterable[Request], scheduler: Scheduler, latency: LatencyModel,

@@ -36,6 +36,13 @@ batch, are left out):
   (plus blocks of running sequences left out of a step). Tokens shared through
   the prefix cache count once per sequence in live, so a step's waste is
   clamped at 0 rather than going negative.
+
+Prefix caching and preemption: `prefix_hit_rate` = prompt tokens served from
+the cache at each request's first admission / prompt tokens (finished
+requests), `prefill_tokens_saved` the numerator; evictions and recomputed
+tokens are counters of the pool and scheduler that the caller passes in.
+Swapped KV is summed from the steps' shapes (token slots; bytes given the
+KV bytes per token).
 """
 
 from __future__ import annotations
@@ -106,7 +113,7 @@ class RunRecorder:
 
     __slots__ = ("_req", "_reason_codes", "_itl", "_series", "_num_steps", "_busy_s",
                  "_batch_x_s", "_max_kv_blocks_used", "_padded_x_s", "_slot_steps",
-                 "_useful_slot_steps", "_waste_x_s")
+                 "_useful_slot_steps", "_waste_x_s", "_swap_out_tokens", "_swap_in_tokens")
 
     def __init__(self, max_buckets: int = 2048, bucket_width_s: float = 0.01) -> None:
         self._req: dict[str, array] = {k: array("d") for k in _REQ_FLOAT}
@@ -122,6 +129,8 @@ class RunRecorder:
         self._slot_steps = 0  # sum of padded batch over steps (exact count)
         self._useful_slot_steps = 0  # sum of batch size over steps
         self._waste_x_s = 0.0  # sum of max(0, held - live) x duration; held/live sums: _series
+        self._swap_out_tokens = 0  # KV token slots swap preemption moved, from the shapes
+        self._swap_in_tokens = 0
 
     def _append_request(self, req: Request, code: int) -> None:
         c = self._req
@@ -168,6 +177,9 @@ class RunRecorder:
             emitted = new_tokens = decodes
         if decodes:
             self._itl.add(duration_s, decodes)
+        if shape.swap_out_tokens or shape.swap_in_tokens:
+            self._swap_out_tokens += shape.swap_out_tokens
+            self._swap_in_tokens += shape.swap_in_tokens
         padded = shape.padded_batch if shape.padded_batch > batch_size else batch_size
         if kv_slots_held is None:
             live = held = -1  # TimeBuckets: no KV waste sample
@@ -215,11 +227,15 @@ class RunRecorder:
         return r
 
     def summary(self, slo: SLO | None = None, kv_blocks_total: int | None = None,
-                block_size: int | None = None) -> dict[str, Any]:
+                block_size: int | None = None, *, prefix_caching: bool = False,
+                cache_evictions: int | None = None, recomputed_tokens: int | None = None,
+                kv_bytes_per_token: float | None = None) -> dict[str, Any]:
         """vLLM `benchmark_serving` fields plus queue, preemption, batch, KV and waste figures.
 
         The KV pool in token slots is kv_blocks_total x block_size; without both,
-        only `kv_waste_of_held` (which needs no pool) is reported.
+        only `kv_waste_of_held` (which needs no pool) is reported. The keyword
+        arguments come from the pool and scheduler (see the module docstring);
+        swapped bytes need `kv_bytes_per_token` (else NaN).
         """
         r = self._request_arrays()
         done = r["finished"]
@@ -253,7 +269,18 @@ class RunRecorder:
             for stat, x in stats.items():
                 out[f"{stat}_{metric}_ms"] = x
         out["total_preemptions"] = int(r["preemptions"][done].sum())
-        out["total_prefix_hit_tokens"] = int(r["prefix_hit_tokens"][done].sum())
+        hit_tokens = int(r["prefix_hit_tokens"][done].sum())
+        out["total_prefix_hit_tokens"] = hit_tokens
+        out["prefix_caching"] = prefix_caching
+        out["prefix_hit_rate"] = hit_tokens / input_tokens if input_tokens else math.nan
+        out["prefill_tokens_saved"] = hit_tokens
+        out["cache_evictions"] = cache_evictions
+        out["recomputed_tokens"] = recomputed_tokens
+        out["swapped_out_tokens"] = self._swap_out_tokens
+        out["swapped_in_tokens"] = self._swap_in_tokens
+        per_token = math.nan if kv_bytes_per_token is None else kv_bytes_per_token
+        out["swapped_out_bytes"] = self._swap_out_tokens * per_token
+        out["swapped_in_bytes"] = self._swap_in_tokens * per_token
         out["num_steps"] = self.num_steps
         out["mean_batch_size"] = self._batch_x_s / self._busy_s if self._busy_s > 0 else math.nan
         out["max_kv_blocks_used"] = self._max_kv_blocks_used

@@ -9,6 +9,7 @@ million-step run plots as fast as a short one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -153,4 +154,36 @@ def plot_timeseries(series_df: pd.DataFrame, path: Path, kv_blocks_total: int | 
         width_s = float(series_df["t_end_s"].iloc[0] - series_df["t_start_s"].iloc[0])
         note = f", {t_s.size} buckets of {width_s:.3g} s"
     fig.suptitle(f"Run time series{note}")
+    return save_figure(fig, path)
+
+
+def plot_load_balance(series: Sequence[pd.DataFrame], path: Path) -> Path:
+    """Outstanding requests and batch size per replica over time: how even the router is.
+
+    `series` holds each replica's `RunRecorder.steps_frame()`; each line is the
+    busy-time mean per bucket (a replica's buckets widen on their own, so each
+    line keeps its own time axis). Outstanding = waiting + running after each step.
+    """
+    fig = Figure(figsize=(11, 7), layout="constrained")
+    ax_out, ax_batch = fig.subplots(2, 1, sharex=True)
+    for i, frame in enumerate(series):
+        if frame.empty:
+            continue
+        t_s = 0.5 * (frame["t_start_s"].to_numpy(np.float64) + frame["t_end_s"].to_numpy(
+            np.float64))
+        outstanding = (frame["mean_waiting"] + frame["mean_running"]).to_numpy(np.float64)
+        ax_out.plot(t_s, outstanding, drawstyle="steps-mid", linewidth=0.9, label=f"replica {i}")
+        ax_batch.plot(t_s, frame["mean_batch_size"].to_numpy(np.float64),
+                      drawstyle="steps-mid", linewidth=0.9, label=f"replica {i}")
+    for ax, ylabel, title in ((ax_out, "requests", "Outstanding requests (waiting + running)"),
+                              (ax_batch, "batch size (seqs)", "Running batch per step")):
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        if ax.lines:
+            ax.legend(loc="upper right", fontsize="small", ncol=min(4, len(series)))
+        else:
+            no_data(ax)
+    ax_batch.set_xlabel("simulated time (s)")
+    fig.suptitle(f"Load balance across {len(series)} replicas (time-weighted mean per bucket)")
     return save_figure(fig, path)

@@ -59,10 +59,45 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"{' ' + title + ' ':-^{width}}")
         for stat, label in (("mean", "Mean"), ("median", "Median"), ("p99", "P99")):
             lines.append(row(f"{label} {short} (ms):", f"{stat}_{key}_ms"))
+    if summary.get("prefix_caching"):
+        lines.append(f"{' Prefix cache ':-^{width}}")
+        lines += [row("Prefix hit rate:", "prefix_hit_rate"),
+                  row("Prefill tokens saved:", "prefill_tokens_saved"),
+                  row("Cache evictions:", "cache_evictions")]
+    if summary.get("total_preemptions"):
+        lines.append(f"{' Preemption ':-^{width}}")
+        lines += [row("Preemptions:", "total_preemptions"),
+                  row("Recomputed tokens:", "recomputed_tokens"),
+                  row("Swapped out (bytes):", "swapped_out_bytes"),
+                  row("Swapped in (bytes):", "swapped_in_bytes")]
     if "slot_utilization" in summary:
         lines.append(f"{' Batching waste (busy-time average) ':-^{width}}")
         lines += [row("Slot utilisation:", "slot_utilization"),
                   row("KV waste (share of pool):", "kv_waste_fraction"),
                   row("KV waste (share of held):", "kv_waste_of_held")]
+    lines += _replica_lines(summary.get("replicas") or (), width)
     lines.append("=" * width)
     return "\n".join(lines)
+
+
+def _replica_lines(rows: Any, width: int) -> list[str]:
+    """A line per replica of a fleet (none for one replica): how the router spread the load."""
+    if len(rows) < 2:
+        return []
+
+    def num(value: Any, spec: str) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "n/a"
+        return format(value, spec)
+
+    lines = [f"{' Per replica ':-^{width}}",
+             f"{'#':>3} {'done':>6} {'req/s':>7} {'TTFT ms':>8} {'p99 TTFT':>9} {'TPOT ms':>8} "
+             f"{'hit':>4}"]
+    for r in rows:
+        lines.append(f"{r['replica']:>3} {r['completed']:>6} "
+                     f"{num(r.get('request_throughput'), '.2f'):>7} "
+                     f"{num(r.get('mean_ttft_ms'), '.1f'):>8} "
+                     f"{num(r.get('p99_ttft_ms'), '.1f'):>9} "
+                     f"{num(r.get('mean_tpot_ms'), '.1f'):>8} "
+                     f"{num(r.get('prefix_hit_rate'), '.0%'):>4}")
+    return lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,12 @@ from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import KVBudget, KVManager, PagedBlockManager
 from sim.core.schedulers import Scheduler, SchedulerSettings
 from sim.core.schedulers import build_scheduler as build_policy
-from sim.des import simulate
+from sim.des import ReplicaSetup, simulate_fleet
+from sim.fleet import replica_rows, write_fleet_outputs
 from sim.latency import LatencyModel
 from sim.latency.roofline import RooflineLatency
 from sim.metrics import SLO, RunRecorder
+from sim.router import build_router, router_rng
 from sim.scenario import Scenario
 from sim.specs import activation_reserve_bytes, kv_bytes_per_token, weights_bytes
 from sim.workload import make_requests
@@ -24,6 +27,13 @@ from sim.workload import make_requests
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
+    """One run: the fleet summary (with `replicas`, a row per replica) and its recorders.
+
+    `recorder` holds every request and step of the fleet; `replica_recorders`
+    holds each replica's share (one replica: the fleet recorder itself).
+    `kv_budget` and `num_blocks` are per replica.
+    """
+
     scenario: Scenario
     summary: dict[str, Any]
     recorder: RunRecorder
@@ -31,6 +41,13 @@ class RunResult:
     num_blocks: int
     latency_name: str
     wall_s: float
+    replica_recorders: tuple[RunRecorder, ...] = ()
+
+    def write_outputs(self, out_dir: Path, plots: bool = True) -> list[Path]:
+        """The fleet's files, plus replicas.csv and load_balance.png for a fleet."""
+        written = self.recorder.write_outputs(out_dir, self.summary, plots=plots)
+        rows = self.summary.get("replicas", [])
+        return written + write_fleet_outputs(out_dir, self.replica_recorders, rows, plots)
 
 
 def kv_budget(scenario: Scenario) -> KVBudget:
@@ -58,8 +75,14 @@ def build_block_manager(scenario: Scenario, budget: KVBudget) -> KVManager:
             f"at memory_utilization {scenario.hardware.memory_utilization} cannot hold "
             f"{scenario.model_spec.name}'s weights and activations; add GPUs (hardware.count) "
             "or raise hardware.memory_utilization")
-    pool = ContiguousAllocator if scenario.kv_mode == "contiguous" else PagedBlockManager
-    return pool(num_blocks, scenario.kv.block_size, scenario.kv.watermark)
+    kv = scenario.kv
+    if scenario.kv_mode == "contiguous":
+        return ContiguousAllocator(num_blocks, kv.block_size, kv.watermark)
+    # the host pool holds every GPU's shard of a swapped block
+    block_bytes = budget.kv_bytes_per_token * scenario.hardware.count * kv.block_size
+    host_blocks = int(kv.host_swap_gib * 2**30 // block_bytes)
+    return PagedBlockManager(num_blocks, kv.block_size, kv.watermark,
+                             enable_prefix_cache=kv.prefix_caching, host_swap_blocks=host_blocks)
 
 
 def build_scheduler(scenario: Scenario, kv: KVManager) -> Scheduler:
@@ -72,6 +95,7 @@ def build_scheduler(scenario: Scenario, kv: KVManager) -> Scheduler:
         max_output_tokens=cfg.max_output_tokens,
         batch_size=cfg.batch_size,
         max_wait_s=None if cfg.max_wait_ms is None else cfg.max_wait_ms / 1e3,
+        preemption=cfg.preemption,
     )
     return build_policy(cfg.policy, kv, settings)
 
@@ -91,25 +115,56 @@ def build_latency(scenario: Scenario) -> LatencyModel:
 
 def run_scenario(scenario: Scenario, base_dir: Path | None = None,
                  show_progress: bool = True) -> RunResult:
+    """Simulate `scenario.replicas` identical replicas behind its router.
+
+    Each replica gets its own block manager, scheduler and latency model from
+    the builders above; one replica's recorder is the fleet's, so a single
+    replica records exactly as before.
+    """
     budget = kv_budget(scenario)
-    kv = build_block_manager(scenario, budget)
-    scheduler = build_scheduler(scenario, kv)
-    latency = build_latency(scenario)
     recorder = RunRecorder()
+    setups = []
+    for _ in range(scenario.replicas):
+        kv = build_block_manager(scenario, budget)
+        setups.append(ReplicaSetup(build_scheduler(scenario, kv), build_latency(scenario),
+                                   recorder if scenario.replicas == 1 else RunRecorder(), kv))
+    latency = setups[0].latency
+    router = build_router(scenario.router.policy, scenario.router.load_limit)
     requests = make_requests(scenario.workload, scenario.seed, base_dir)
     total = scenario.workload.num_requests
     started = time.perf_counter()
     # tqdm's delay keeps short runs silent: the bar appears only after 2 s
     with tqdm(total=total, unit="req", delay=2.0, disable=not show_progress,
               desc="simulating") as bar:
-        simulate(requests, scheduler, latency, recorder, on_done=bar.update)
+        simulate_fleet(requests, setups, router, router_rng(scenario.seed), recorder,
+                       on_done=bar.update)
     wall_s = time.perf_counter() - started
+    summary = summarize(scenario, budget, recorder, setups)
+    # one replica: its row is the fleet summary (same recorder), no second summary
+    parts = [summarize(scenario, budget, s.recorder, [s]) for s in setups] if len(
+        setups) > 1 else [summary]
+    summary["replicas"] = replica_rows(parts, summary)
+    summary["latency_model"] = latency.name
+    summary["simulation_wall_s"] = wall_s
+    num_blocks = setups[0].kv.num_usable_blocks
+    return RunResult(scenario, summary, recorder, budget, num_blocks, latency.name,
+                     wall_s, tuple(s.recorder for s in setups))
+
+
+def summarize(scenario: Scenario, budget: KVBudget, recorder: RunRecorder,
+              setups: Sequence[ReplicaSetup]) -> dict[str, Any]:
+    """`recorder`'s summary, with pool and scheduler counters summed over `setups`.
+
+    The fleet passes every replica; a replica's own row passes just its own.
+    KV pool figures are per replica (all replicas are identical).
+    """
     slo = None
     if scenario.slo is not None:
         slo = SLO(scenario.slo.ttft_ms, scenario.slo.tpot_ms, scenario.slo.e2el_ms)
-    summary = recorder.summary(slo=slo, kv_blocks_total=kv.num_usable_blocks,
-                               block_size=scenario.kv.block_size)
-    summary["latency_model"] = latency.name
-    summary["simulation_wall_s"] = wall_s
-    return RunResult(scenario, summary, recorder, budget, kv.num_usable_blocks, latency.name,
-                     wall_s)
+    kv = setups[0].kv
+    return recorder.summary(
+        slo=slo, kv_blocks_total=kv.num_usable_blocks, block_size=scenario.kv.block_size,
+        prefix_caching=scenario.kv.prefix_caching,
+        cache_evictions=sum(s.kv.num_evictions for s in setups),
+        recomputed_tokens=sum(getattr(s.scheduler, "num_recomputed_tokens", 0) for s in setups),
+        kv_bytes_per_token=budget.kv_bytes_per_token * scenario.hardware.count)

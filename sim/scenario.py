@@ -86,6 +86,10 @@ class SchedulerConfig(_Strict):
     max_wait_ms: float | None = Field(
         None, gt=0.0, description="dynamic: launch a short batch when the oldest waited this "
         "long (default 50); static: optional, default wait for B or the end of arrivals")
+    preemption: Literal["recompute", "swap"] = Field(
+        "recompute", description="continuous: when blocks run out the newest request drops "
+        "its KV and re-prefills later (recompute) or moves it to host memory (swap, "
+        "kv.host_swap_gib; recompute when that is full)")
     max_output_tokens: int | None = Field(
         None, ge=1, description="output cap; contiguous KV reserves prompt + this (default: "
         "up to max_model_len, as servers without paging did); longer outputs are rejected")
@@ -105,6 +109,11 @@ class KVConfig(_Strict):
     dtype_bytes: float = Field(2.0, gt=0.0)
     watermark: float = Field(0.01, ge=0.0, lt=1.0)
     num_blocks: int | None = Field(None, ge=2, description="override the derived pool size")
+    prefix_caching: bool = Field(
+        False, description="paged only: reuse the KV of cached prompt prefixes (by token ids "
+        "or a trace's prefix ids)")
+    host_swap_gib: float = Field(
+        64.0, ge=0.0, description="host memory for swap preemption, GiB per replica")
 
 
 class LatencyConfig(_Strict):
@@ -125,6 +134,17 @@ class OutputConfig(_Strict):
     plots: bool = True
 
 
+class RouterConfig(_Strict):
+    """How a fleet (replicas > 1) spreads arrivals; see sim.router for each policy."""
+
+    policy: Literal["round_robin", "least_outstanding", "least_kv", "power_of_two",
+                    "prefix_aware"] = "round_robin"
+    load_limit: float = Field(
+        1.5, ge=1.0, allow_inf_nan=False,
+        description="prefix_aware: only replicas with outstanding requests <= load_limit x "
+        "the fleet mean + 1 are candidates (>= 1 keeps the least-loaded one eligible)")
+
+
 class Scenario(_Strict):
     name: str = "quickstart"
     description: str = ""
@@ -138,6 +158,8 @@ class Scenario(_Strict):
         default_factory=lambda: WorkloadConfig.model_validate(DEFAULT_WORKLOAD))
     slo: SLOConfig | None = None
     output: OutputConfig = OutputConfig()
+    replicas: int = Field(1, ge=1, description="identical replicas, each of hardware.count GPUs")
+    router: RouterConfig = RouterConfig()
 
     @field_validator("model")
     @classmethod
@@ -153,6 +175,13 @@ class Scenario(_Strict):
             raise ValueError(f"kv.mode: {policy} batching reserves each request's KV up front "
                              f"and runs only on {' or '.join(modes)} (or omit kv.mode), "
                              f"got {mode!r}")
+        if self.kv_mode != "paged":
+            if self.kv.prefix_caching:
+                raise ValueError(f"kv.prefix_caching: needs a paged KV pool, and {policy} "
+                                 f"batching runs on {self.kv_mode}")
+            if self.scheduler.preemption == "swap":
+                raise ValueError(f"scheduler.preemption: swap needs a paged KV pool, and "
+                                 f"{policy} batching runs on {self.kv_mode}")
         return self
 
     @property
@@ -215,7 +244,11 @@ def load_scenario(path: str | Path | None, overrides: Sequence[str] = ()) -> tup
         # an omitted workload means the default one; `--set workload.x=...` edits it
         raw["workload"] = copy.deepcopy(DEFAULT_WORKLOAD)
     raw = apply_overrides(raw, overrides)
-    source = str(path or "default scenario")
+    return validate_scenario(raw, str(path or "default scenario")), base_dir
+
+
+def validate_scenario(raw: dict[str, Any], source: str) -> Scenario:
+    """Validate a raw mapping; every problem becomes one ScenarioError naming `source`."""
     try:
         scenario = Scenario.model_validate(raw)
     except ValidationError as err:
@@ -224,7 +257,7 @@ def load_scenario(path: str | Path | None, overrides: Sequence[str] = ()) -> tup
         check_tp(scenario.model_spec, scenario.hardware.count)
     except ValueError as err:
         raise ScenarioError(f"{source}: hardware.count: {err}") from None
-    return scenario, base_dir
+    return scenario
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:

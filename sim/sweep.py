@@ -124,7 +124,7 @@ def run_task(task: Task) -> dict[str, Any]:
         return {"error": str(err)}
     summary = dict(result.summary)
     if task.out_dir is not None:
-        result.recorder.write_outputs(task.out_dir, summary, plots=task.plots)
+        result.write_outputs(task.out_dir, plots=task.plots)
     digest, count, span_s = stream_digest(task.scenario, task.base_dir)
     finish_s = result.recorder.requests_frame()["finish_s"].dropna()
     out = jsonable(summary)

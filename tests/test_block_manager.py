@@ -5,6 +5,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from reference_scheduler import ReferencePagedBlockManager
 
 from sim.core.kv import NULL_BLOCK, PagedBlockManager, num_kv_blocks
+from sim.core.request import Request
 
 
 def test_pool_size_from_memory_budget() -> None:
@@ -131,3 +132,86 @@ def test_fifo_matches_reference_over_many_cycles() -> None:
     assert kv.num_free_blocks == ref.num_free_blocks
     assert len(kv._free) < 5_000, "the consumed prefix of the free queue is never dropped"
     assert all(kv.refcount(b) == ref._refcounts[b] for b in range(kv.num_blocks))
+
+
+def prefix_content(ids: tuple[int, ...], unit: int, end: int) -> tuple[tuple[int, int], ...]:
+    """What tokens [0, end) hold: (prefix id, offset) per token; the test's side truth."""
+    return tuple((ids[t // unit], t % unit) for t in range(end))
+
+
+class SharedPrefixMachine(RuleBasedStateMachine):
+    """Prefix caching on: requests share prefixes; a side map says what each block holds."""
+
+    UNIT, BS = 8, 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kv = PagedBlockManager(num_blocks=30, block_size=self.BS, watermark=0.0,
+                                    enable_prefix_cache=True)
+        self.live: dict[int, Request] = {}
+        self.content: dict[int, tuple] = {}  # block -> the prefix it holds, once computed
+        self.next_id = 0
+
+    @rule(ids=st.lists(st.integers(0, 2), min_size=1, max_size=4), cut=st.integers(1, 8))
+    def admit(self, ids: list[int], cut: int) -> None:
+        unit, bs = self.UNIT, self.BS
+        prompt = (len(ids) - 1) * unit + cut
+        rid = self.next_id
+        self.next_id += 1
+        req = Request(rid, 0.0, prompt, 1, prefix_block_ids=tuple(ids), prefix_unit_tokens=unit)
+        expected = self.kv.cached_prefix_tokens(req)
+        before = self.kv.num_free_blocks
+        hits = self.kv.allocate(rid, prompt, request=req)
+        if hits < 0:
+            assert self.kv.num_free_blocks == before and not self.kv.block_table(rid)
+            return
+        assert hits == expected and hits % bs == 0 and hits <= prompt - 1
+        table = self.kv.block_table(rid)
+        for i in range(hits // bs):  # a hit returns blocks holding exactly this prefix
+            assert self.content[table[i]] == prefix_content(req.prefix_block_ids, unit,
+                                                            (i + 1) * bs)
+        self.live[rid] = req
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def compute(self, data: st.DataObject) -> None:
+        """The prefill ran: name the full prompt blocks; the side map learns their content."""
+        rid = data.draw(st.sampled_from(sorted(self.live)))
+        req = self.live[rid]
+        self.kv.cache_computed(rid, req.prompt_tokens)
+        table = self.kv.block_table(rid)
+        for i in range(req.prompt_tokens // self.BS):
+            self.content[table[i]] = prefix_content(req.prefix_block_ids, self.UNIT,
+                                                    (i + 1) * self.BS)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.live)))
+        held = {b: self.kv.block_hash(b) for r in self.live if r != rid
+                for b in self.kv.block_table(r)}
+        self.kv.free(rid)
+        del self.live[rid]
+        # then take blocks for fresh content: only refcount-0 blocks may lose their name
+        if self.kv.allocate(-rid - 1, 2 * self.BS) >= 0:
+            self.kv.free(-rid - 1)
+        assert all(self.kv.block_hash(b) == name for b, name in held.items())
+
+    @invariant()
+    def accounting(self) -> None:
+        self.kv.check_invariants()
+        holders: dict[int, int] = {}
+        for rid in self.live:
+            for b in self.kv.block_table(rid):
+                holders[b] = holders.get(b, 0) + 1
+        for b, n in holders.items():
+            assert self.kv.refcount(b) == n
+
+    def teardown(self) -> None:
+        for rid in list(self.live):
+            self.kv.free(rid)
+        self.kv.check_invariants()
+        assert self.kv.num_free_blocks == self.kv.num_usable_blocks, "blocks leaked"
+
+
+TestSharedPrefixMachine = SharedPrefixMachine.TestCase

@@ -206,7 +206,8 @@ def test_every_shipped_compare_spec_runs_each_variant(path: Path) -> None:
             update={"workload": scenario.workload.model_copy(update={"num_requests": 40})})
         summary = run_scenario(small, base.base_dir, show_progress=False).summary
         assert summary["completed"] + summary["rejected"] == 40
-        policies.add((scenario.scheduler.policy, scenario.kv_mode))
+        # what a variant may change: anything but the request stream (policy, KV, router...)
+        policies.add(json.dumps(scenario.model_dump(exclude={"workload"}), sort_keys=True))
     assert len(policies) == len(base.spec.variants), "variants must differ"
 
 

@@ -30,7 +30,7 @@ from sim.workload.lengths import (
     Uniform,
     sample_lengths,
 )
-from sim.workload.traces import TraceFormatError, read_trace
+from sim.workload.traces import MOONCAKE_UNIT_TOKENS, TraceFormatError, read_trace
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 FAST = settings(max_examples=25, deadline=None)
@@ -409,6 +409,31 @@ def test_mooncake_replay_sets_prefix_block_ids(tmp_path: Path) -> None:
     cfg = WorkloadConfig.model_validate({"trace": {"path": "m.jsonl", "format": "mooncake"}})
     (request,) = make_requests(cfg, seed=0, base_dir=tmp_path)
     assert request.prefix_block_ids == (4, 5) and request.prompt_tokens == 1024
+    assert request.prefix_unit_tokens == MOONCAKE_UNIT_TOKENS == 512
+
+
+def test_mooncake_ids_that_disagree_with_the_length_are_kept_and_counted(tmp_path: Path) -> None:
+    rows = [
+        {"timestamp": 0, "input_length": 1025, "output_length": 2, "hash_ids": [1, 2, 3]},
+        {"timestamp": 1, "input_length": 1025, "output_length": 2, "hash_ids": [1, 2]},
+        {"timestamp": 2, "input_length": 100, "output_length": 2, "hash_ids": [1, 2, 3]},
+        {"timestamp": 3, "input_length": 100, "output_length": 2},
+    ]
+    (tmp_path / "m.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    assert read_trace(tmp_path / "m.jsonl").num_prefix_mismatched == 3
+    cfg = WorkloadConfig.model_validate({"trace": {"path": "m.jsonl"}})
+    with pytest.warns(UserWarning, match="3 rows .* hash_ids"):
+        requests = list(make_requests(cfg, seed=0, base_dir=tmp_path))
+    assert [r.prefix_block_ids for r in requests] == [(1, 2, 3), (1, 2), (1, 2, 3), ()]
+
+
+def test_real_mooncake_ids_match_prompt_lengths() -> None:
+    path = shared_trace("mooncake_conversation.jsonl")
+    assert read_trace(path).num_prefix_mismatched == 0
+    cfg = WorkloadConfig.model_validate({"trace": {"path": str(path)}, "num_requests": 2000})
+    for r in make_requests(cfg, seed=0):
+        assert r.prefix_unit_tokens == 512 and r.prefix_block_ids is not None
+        assert len(r.prefix_block_ids) == math.ceil(r.prompt_tokens / 512)
 
 
 def test_trace_paths_resolve_against_base_dir_then_cwd(

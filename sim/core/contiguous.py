@@ -19,6 +19,7 @@ from __future__ import annotations
 from bisect import bisect_left
 
 from sim.core.kv import NULL_BLOCK
+from sim.core.request import Request
 
 
 class ContiguousAllocator:
@@ -40,6 +41,10 @@ class ContiguousAllocator:
         self._num_free = num_blocks - 1
         self._runs: dict[int, tuple[int, int]] = {}  # request -> (first block, blocks reserved)
         self._tables: dict[int, tuple[int, ...]] = {}
+        # no prefix cache here: the counters exist so callers treat both pools alike
+        self.enable_prefix_cache = False
+        self.num_evictions = 0
+        self.num_hit_tokens = 0
 
     # -- sizes ---------------------------------------------------------------
     @property
@@ -84,8 +89,12 @@ class ContiguousAllocator:
         return 0 if run is None else run[1] * self.block_size
 
     # -- operations ----------------------------------------------------------
+    def cached_prefix_tokens(self, request: Request) -> int:
+        """Always 0: a contiguous pool has no prefix cache."""
+        return 0
+
     def allocate(self, request_id: int, num_tokens: int, use_watermark: bool = True,
-                 reserve_tokens: int | None = None) -> int:
+                 reserve_tokens: int | None = None, request: Request | None = None) -> int:
         """Reserve one run for max(num_tokens, reserve_tokens); the table covers num_tokens.
 
         Returns 0 (no prefix cache), or -1 when no hole is big enough or the free

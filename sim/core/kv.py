@@ -9,8 +9,21 @@ Block tables are tuples, rebuilt only when a block is added (every
 The free queue is a FIFO list consumed from a moving head, so whole tables
 are taken with C-speed slices: a request allocates and frees ~100 blocks, and
 an OrderedDict popped one block at a time cost more than the rest of the
-simulation. Refcounts are stored (shared prefix blocks will need them); a
-block returns to the queue only when its count drops to zero.
+simulation. A block returns to the queue only when its refcount drops to zero.
+
+Prefix caching (sim/core/prefix.py names blocks by content): a block is named
+once the step that fills it with prompt tokens has run (`cache_computed`), and
+keeps its name when freed, so a later request with the same prefix takes it
+back (a hit). A hit on a free block must leave the middle of the queue: its
+entry is marked stale and skipped when the head reaches it (lazy deletion;
+a block's stale entries always precede its live one, so a per-block count
+suffices), which keeps the bulk slices. Taking a named block for new content
+evicts its name. Without prefix caching no name or stale entry ever exists
+and the paths are the plain ones.
+
+Swap preemption parks a request's blocks in a host pool of
+`host_swap_blocks`; the GPU blocks are freed (named ones stay cached) and
+fresh ones are taken when it swaps back in.
 """
 
 from __future__ import annotations
@@ -18,7 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-NULL_BLOCK = 0
+from sim.core.paged import NULL_BLOCK, PagedBlockManager
+from sim.core.request import Request
+
+__all__ = ["NULL_BLOCK", "KVBudget", "KVManager", "PagedBlockManager", "num_kv_blocks"]
 
 
 def num_kv_blocks(
@@ -59,12 +75,17 @@ class KVManager(Protocol):
 
     `allocate`'s `reserve_tokens` is the request's peak (prompt + maximum output):
     the paged pool ignores it and grows block by block; a contiguous pool reserves
-    it up front, as servers before paging did.
+    it up front, as servers before paging did. `request` lets a prefix-caching pool
+    reuse cached blocks (the return value counts their tokens); `cached_prefix_tokens`
+    asks how many it would find without changing anything (0 without a cache).
     """
 
     num_blocks: int
     block_size: int
     watermark_blocks: int
+    enable_prefix_cache: bool
+    num_evictions: int
+    num_hit_tokens: int
 
     @property
     def num_usable_blocks(self) -> int: ...
@@ -82,7 +103,9 @@ class KVManager(Protocol):
     def block_table(self, request_id: int) -> tuple[int, ...]: ...
 
     def allocate(self, request_id: int, num_tokens: int, use_watermark: bool = True,
-                 reserve_tokens: int | None = None) -> int: ...
+                 reserve_tokens: int | None = None, request: Request | None = None) -> int: ...
+
+    def cached_prefix_tokens(self, request: Request) -> int: ...
 
     def append_slots(self, request_id: int, num_tokens: int) -> tuple[int, ...] | None: ...
 
@@ -93,148 +116,3 @@ class KVManager(Protocol):
     def check_invariants(self) -> None: ...
 
 
-class PagedBlockManager:
-    """Hands out KV blocks to requests; `num_blocks` counts the null block too."""
-
-    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.01,
-                 enable_prefix_cache: bool = False) -> None:
-        if num_blocks < 2:
-            raise ValueError(f"num_blocks must be >= 2 (one is the null block), got {num_blocks}")
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
-        if not 0.0 <= watermark < 1.0:
-            raise ValueError(f"watermark must be in [0, 1), got {watermark}")
-        if enable_prefix_cache:
-            raise NotImplementedError("prefix caching is not implemented yet")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.watermark_blocks = int(watermark * (num_blocks - 1))
-        # the free queue is _free[_head:], oldest freed first; the consumed prefix is
-        # dropped once it outweighs the live part, so memory stays O(num_blocks)
-        self._free: list[int] = list(range(1, num_blocks))
-        self._head = 0
-        self._refcounts = [0] * num_blocks
-        self._tables: dict[int, tuple[int, ...]] = {}
-
-    # -- sizes ---------------------------------------------------------------
-    @property
-    def num_usable_blocks(self) -> int:
-        return self.num_blocks - 1
-
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self._free) - self._head
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.num_usable_blocks - len(self._free) + self._head
-
-    def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
-
-    def peak_tokens(self, max_kv_tokens: int, reserve_tokens: int | None) -> int:
-        """Token slots a request holds at its peak: paging allocates only what is written."""
-        return max_kv_tokens
-
-    def block_table(self, request_id: int) -> tuple[int, ...]:
-        return self._tables.get(request_id, ())
-
-    def num_slots(self, request_id: int) -> int:
-        """Token slots the request's table covers."""
-        return len(self._tables.get(request_id, ())) * self.block_size
-
-    # -- operations ----------------------------------------------------------
-    def allocate(self, request_id: int, num_tokens: int, use_watermark: bool = True,
-                 reserve_tokens: int | None = None) -> int:
-        """Give a new request blocks for `num_tokens`; returns tokens found in cache (or -1).
-
-        -1 means not enough free blocks (above the watermark); nothing changes.
-        The cached-token count is 0 until prefix caching names blocks.
-        `reserve_tokens` is ignored: paging grows tables as tokens are written.
-        """
-        if request_id in self._tables:
-            raise ValueError(f"request {request_id} already holds blocks")
-        needed = self.blocks_for(num_tokens)
-        reserve = self.watermark_blocks if use_watermark else 0
-        if len(self._free) - self._head - needed < reserve:
-            return -1
-        self._tables[request_id] = self._take(needed)
-        return 0
-
-    def append_slots(self, request_id: int, num_tokens: int) -> tuple[int, ...] | None:
-        """Grow the request's table to cover `num_tokens`; returns it, or None if blocks ran out.
-
-        Called for every running sequence every step, so the common case (the last
-        block still has room) is one dict lookup and a comparison.
-        """
-        table = self._tables[request_id]
-        missing = -(-num_tokens // self.block_size) - len(table)
-        if missing <= 0:
-            return table
-        if missing > len(self._free) - self._head:
-            return None
-        table = self._tables[request_id] = table + self._take(missing)
-        return table
-
-    def append_block_each(self, request_ids: list[int]) -> list[tuple[int, ...]] | None:
-        """Add one block to each request's table, in order; returns the new tables.
-
-        Same blocks as calling append_slots one request at a time, in one call for the
-        decodes that crossed a block boundary this step. None if the pool runs short,
-        and then nothing changes (the caller goes one by one and preempts).
-        """
-        if len(request_ids) > len(self._free) - self._head:
-            return None
-        tables = self._tables
-        grown = []
-        for request_id, block in zip(request_ids, self._take(len(request_ids)), strict=True):
-            table = tables[request_id] = tables[request_id] + (block,)
-            grown.append(table)
-        return grown
-
-    def free(self, request_id: int) -> None:
-        """Return a request's blocks; freed blocks go to the back of the queue (LRU).
-
-        The table's tail goes first: it is the least useful to a later prefix hit.
-        """
-        refcounts = self._refcounts
-        released = []
-        for block in reversed(self._tables.pop(request_id, ())):
-            refcounts[block] -= 1
-            if not refcounts[block]:
-                released.append(block)
-        self._free.extend(released)
-
-    def _take(self, count: int) -> tuple[int, ...]:
-        head, free = self._head, self._free
-        blocks = tuple(free[head:head + count])
-        refcounts = self._refcounts
-        for block in blocks:
-            refcounts[block] = 1
-        head += count
-        if head > 4096 and 2 * head > len(free):
-            del free[:head]
-            head = 0
-        self._head = head
-        return blocks
-
-    def refcount(self, block: int) -> int:
-        return self._refcounts[block]
-
-    def check_invariants(self) -> None:
-        """Raise AssertionError if the accounting is broken; for tests."""
-        free_list = self._free[self._head:]
-        free = set(free_list)
-        assert len(free) == len(free_list), "a block is queued as free twice"
-        holders: dict[int, int] = {}
-        for table in self._tables.values():
-            for b in table:
-                holders[b] = holders.get(b, 0) + 1
-        assert NULL_BLOCK not in holders and NULL_BLOCK not in free, "null block handed out"
-        assert len(holders) + len(free) == self.num_usable_blocks, "free + used != total"
-        assert not holders.keys() & free, "a block is both free and used"
-        assert all(1 <= b < self.num_blocks for b in free), "free block id out of range"
-        for b, count in enumerate(self._refcounts):
-            assert count >= 0, f"block {b} refcount {count} < 0"
-            assert count == holders.get(b, 0), f"block {b} refcount {count} != its holders"
-        assert all(n == 1 for n in holders.values()), "a block shared without a prefix cache"

@@ -21,6 +21,10 @@ class StepShape:
     decode_context_sum: int = 0  # sum over decodes of tokens in KV before the step
     decode_context_max: int = 0
     padded_batch: int = 0  # slots the kernels run over (>= batch_size; static pads)
+    # KV token slots (whole blocks) moved to / from the host pool by swap preemption;
+    # the transfer costs host-link time on top of the step's kernels
+    swap_out_tokens: int = 0
+    swap_in_tokens: int = 0
 
     @property
     def num_prefills(self) -> int:

@@ -4,6 +4,10 @@ Needs nothing but a ModelSpec and a HardwareSpec, so it is the default when no
 calibration table exists. Prefill turns out compute-bound and decode
 memory-bound because of the shapes, not because of any special case: a step
 reads the weights once however many tokens it computes.
+
+Swap preemption's KV transfers (StepShape.swap_*_tokens) go over the host link
+and are added to the step that carries them: kernels wait for swapped-in KV,
+and a swap-out must finish before its blocks are overwritten.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class RooflineLatency:
     _expert_bytes: float = field(init=False, repr=False, compare=False)
     _flops_per_s: float = field(init=False, repr=False, compare=False)
     _bytes_per_s: float = field(init=False, repr=False, compare=False)
+    _host_link_bytes_per_s: float = field(init=False, repr=False, compare=False)
     _allreduce_bytes_per_token: float = field(init=False, repr=False, compare=False)
     _allreduce_fixed_s: float = field(init=False, repr=False, compare=False)
 
@@ -97,6 +102,7 @@ class RooflineLatency:
             "_flops_per_s": self.hardware.bf16_flops_per_s * self.compute_efficiency,
             "_bytes_per_s": (self.hardware.memory_bandwidth_bytes_per_s
                              * self.bandwidth_efficiency),
+            "_host_link_bytes_per_s": self.hardware.host_link_bandwidth_bytes_per_s,
             # Two all-reduces per layer (after attention and after the MLP).
             "_allreduce_bytes_per_token": 2 * m.num_layers * h * dtype if multi_gpu else 0.0,
             "_allreduce_fixed_s": (2 * m.num_layers * self.allreduce_latency_s
@@ -141,17 +147,24 @@ class RooflineLatency:
         return (flops / self._flops_per_s, num_bytes / self._bytes_per_s, allreduce_s,
                 flops, num_bytes)
 
+    def swap_time_s(self, shape: StepShape) -> float:
+        """Host-link seconds for the KV the step swaps out and in (one GPU's shard each)."""
+        slots = shape.swap_out_tokens + shape.swap_in_tokens
+        return slots * self._kv_bytes_per_token / self._host_link_bytes_per_s if slots else 0.0
+
     def step_time(self, shape: StepShape) -> float:
-        """Seconds for one step; an empty shape launches nothing and costs 0."""
+        """Seconds for one step; an empty shape launches nothing and costs 0 (but swaps)."""
         compute_s, memory_s, allreduce_s, flops, _ = self._times(shape)
+        swap_s = self.swap_time_s(shape)
         if flops == 0.0:
-            return 0.0
-        return max(compute_s, memory_s) + self.step_overhead_s + allreduce_s
+            return swap_s
+        return max(compute_s, memory_s) + self.step_overhead_s + allreduce_s + swap_s
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Every term of step_time, for capacity reports and tests."""
         compute_s, memory_s, allreduce_s, flops, num_bytes = self._times(shape)
         overhead_s = self.step_overhead_s if flops else 0.0
+        swap_s = self.swap_time_s(shape)
         return {
             "compute_s": compute_s,
             "memory_s": memory_s,
@@ -159,5 +172,6 @@ class RooflineLatency:
             "allreduce_s": allreduce_s,
             "flops": flops,
             "bytes": num_bytes,
-            "total_s": max(compute_s, memory_s) + overhead_s + allreduce_s,
+            "swap_s": swap_s,
+            "total_s": max(compute_s, memory_s) + overhead_s + allreduce_s + swap_s,
         }

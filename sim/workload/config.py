@@ -1,258 +1,100 @@
-"""The `workload:` section of a scenario, validated, and the request factory.
+"""The request factory: a validated `WorkloadConfig` in, a lazy seeded `Request` stream out.
 
-Two shapes, exactly one per workload: synthetic (`arrivals` + `prompt_tokens`
-+ `output_tokens`, bounded by `num_requests` and/or `duration_s`) or a trace
-replay (`trace`, optionally cut by the same two limits). Unknown keys are
-errors. Arrivals and each length draw from their own child generator of one
-`SeedSequence`, so editing one distribution never shifts the others' draws.
+Arrivals and each length draw from their own child generator of one
+`SeedSequence`, so editing one distribution never shifts the others' draws;
+adding `shared_prefix` keeps arrivals and output lengths draw for draw and
+only lengthens the prompts that open with a system prompt. The config models
+live in `schema` and are re-exported here.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator
-from importlib import resources
 from pathlib import Path
-from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sim.core.request import Request
 from sim.workload.arrivals import DEFAULT_CHUNK_SIZE, ArrivalProcess, arrival_chunks_s
-from sim.workload.lengths import (
-    Empirical,
-    Fixed,
-    LengthDist,
-    LengthSpec,
-    Lognormal,
-    Normal,
-    Uniform,
-    sample_lengths,
+from sim.workload.build import (
+    arrival_process,
+    conversation_spec,
+    length_spec,
+    load_trace,
+    resolve_trace_path,
+    shared_prefix_spec,
 )
-from sim.workload.traces import Trace, TraceFormat, read_trace
+from sim.workload.conversations import conversation_turns
+from sim.workload.lengths import LengthSpec, sample_lengths
+from sim.workload.prefixes import IdSource, SharedPrefix, shared_prompt
+from sim.workload.schema import (
+    ConversationsConfig,
+    SharedPrefixConfig,
+    TraceConfig,
+    WorkloadConfig,
+)
+from sim.workload.traces import MOONCAKE_UNIT_TOKENS, Trace
 
-BUILTIN_PREFIX = "builtin:"
-BUILTIN_TRACES = {"synthetic_conv": "data/synthetic_conv.csv"}
-
-Rate = Annotated[float, Field(gt=0, allow_inf_nan=False, description="requests per second")]
-Burstiness = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-Tokens = Annotated[int, Field(ge=1)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PoissonArrivals(_Strict):
-    process: Literal["poisson"]
-    rate: Rate
-    burstiness: Burstiness = 1.0
-
-    @field_validator("burstiness")
-    @classmethod
-    def _exactly_one(cls, value: float) -> float:
-        if value != 1.0:
-            raise ValueError("poisson has burstiness 1 by definition; use process: gamma")
-        return value
-
-
-class GammaArrivals(_Strict):
-    process: Literal["gamma"]
-    rate: Rate
-    burstiness: Burstiness = 1.0
-
-
-class ConstantArrivals(_Strict):
-    process: Literal["constant"]
-    rate: Rate
-
-
-ArrivalsConfig = Annotated[
-    PoissonArrivals | GammaArrivals | ConstantArrivals, Field(discriminator="process")
+__all__ = [
+    "ConversationsConfig",
+    "SharedPrefixConfig",
+    "TraceConfig",
+    "WorkloadConfig",
+    "length_spec",
+    "load_trace",
+    "make_requests",
+    "resolve_trace_path",
 ]
-
-
-class _Clipped(_Strict):
-    min: Tokens | None = None
-    max: Tokens | None = None
-
-    @model_validator(mode="after")
-    def _min_below_max(self) -> _Clipped:
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
-        return self
-
-
-class FixedConfig(_Clipped):
-    dist: Literal["fixed"]
-    value: Tokens
-
-
-class UniformConfig(_Clipped):
-    dist: Literal["uniform"]
-    low: Tokens
-    high: Tokens
-
-    @model_validator(mode="after")
-    def _low_below_high(self) -> UniformConfig:
-        if self.low > self.high:
-            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
-        return self
-
-
-class NormalConfig(_Clipped):
-    dist: Literal["normal"]
-    mean: Annotated[float, Field(ge=1, allow_inf_nan=False)]
-    std: Annotated[float, Field(ge=0, allow_inf_nan=False)]
-
-
-class LognormalConfig(_Clipped):
-    dist: Literal["lognormal"]
-    mean: Annotated[float, Field(ge=1, allow_inf_nan=False)]
-    cv: Annotated[float, Field(ge=0, allow_inf_nan=False, description="std / mean")]
-
-
-class EmpiricalConfig(_Clipped):
-    """Either literal `values` or a `trace` column (defaults to the field it sits under)."""
-
-    dist: Literal["empirical"]
-    values: Annotated[list[Tokens], Field(min_length=1)] | None = None
-    trace: str | None = None
-    format: TraceFormat | None = None
-    column: Literal["prompt", "output"] | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> EmpiricalConfig:
-        if (self.values is None) == (self.trace is None):
-            raise ValueError("empirical needs exactly one of 'values' or 'trace'")
-        if self.trace is None and (self.format is not None or self.column is not None):
-            raise ValueError("'format' and 'column' only apply with 'trace'")
-        return self
-
-
-LengthConfig = Annotated[
-    FixedConfig | UniformConfig | NormalConfig | LognormalConfig | EmpiricalConfig,
-    Field(discriminator="dist"),
-]
-
-
-class TraceConfig(_Strict):
-    path: str = Field(description="file path, or builtin:synthetic_conv")
-    format: TraceFormat | None = Field(None, description="guessed from the file if omitted")
-    time_scale: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
-
-
-class WorkloadConfig(_Strict):
-    arrivals: ArrivalsConfig | None = None
-    prompt_tokens: LengthConfig | None = None
-    output_tokens: LengthConfig | None = None
-    trace: TraceConfig | None = None
-    num_requests: Annotated[int, Field(ge=1)] | None = None
-    duration_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
-
-    @model_validator(mode="after")
-    def _one_shape(self) -> WorkloadConfig:
-        synthetic = {
-            "arrivals": self.arrivals,
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
-        }
-        given = [name for name, value in synthetic.items() if value is not None]
-        if self.trace is not None:
-            if given:
-                raise ValueError(f"give either 'trace' or synthetic fields, not both: {given}")
-            return self
-        if len(given) != len(synthetic):
-            missing = [name for name in synthetic if name not in given]
-            raise ValueError(f"a synthetic workload needs {missing} (or give 'trace')")
-        if self.num_requests is None and self.duration_s is None:
-            raise ValueError("a synthetic workload needs num_requests and/or duration_s")
-        return self
-
-
-def resolve_trace_path(path: str, base_dir: Path | None = None) -> Path:
-    """Find a trace: relative to `base_dir` (the scenario's folder) first, then the cwd."""
-    given = Path(path).expanduser()
-    if given.is_absolute():
-        candidates = [given]
-    else:
-        candidates = [base_dir / given] if base_dir is not None else []
-        candidates.append(Path.cwd() / given)
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    tried = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(f"trace file {path!r} not found (tried: {tried})")
-
-
-def load_trace(
-    path: str, fmt: TraceFormat | None, time_scale: float = 1.0, base_dir: Path | None = None
-) -> Trace:
-    """Read a trace by config path, including the shipped `builtin:` ones."""
-    if not path.startswith(BUILTIN_PREFIX):
-        return read_trace(resolve_trace_path(path, base_dir), fmt, time_scale)
-    name = path.removeprefix(BUILTIN_PREFIX)
-    if name not in BUILTIN_TRACES:
-        raise FileNotFoundError(f"unknown builtin trace {name!r}; have {sorted(BUILTIN_TRACES)}")
-    resource = resources.files("sim.workload").joinpath(BUILTIN_TRACES[name])
-    with resources.as_file(resource) as real_path:
-        return read_trace(real_path, fmt or "csv", time_scale)
-
-
-def length_spec(cfg: LengthConfig, column: str, base_dir: Path | None = None) -> LengthSpec:
-    """The pure sampling spec for a length config; `column` is the default trace column."""
-    dist: LengthDist
-    match cfg:
-        case FixedConfig():
-            dist = Fixed(cfg.value)
-        case UniformConfig():
-            dist = Uniform(cfg.low, cfg.high)
-        case NormalConfig():
-            dist = Normal(cfg.mean, cfg.std)
-        case LognormalConfig():
-            dist = Lognormal(cfg.mean, cfg.cv)
-        case EmpiricalConfig(values=list() as values):
-            dist = Empirical(tuple(values))
-        case EmpiricalConfig(trace=str() as trace_path):
-            trace = load_trace(trace_path, cfg.format, base_dir=base_dir)
-            which = cfg.column or column
-            lengths = trace.prompt_tokens if which == "prompt" else trace.output_tokens
-            dist = Empirical(tuple(lengths.tolist()))
-        case _:
-            raise TypeError(f"not a length config: {cfg!r}")
-    return LengthSpec(dist, min_tokens=cfg.min or 1, max_tokens=cfg.max)
-
-
-def arrival_process(cfg: PoissonArrivals | GammaArrivals | ConstantArrivals) -> ArrivalProcess:
-    burstiness = cfg.burstiness if isinstance(cfg, GammaArrivals) else 1.0
-    return ArrivalProcess(cfg.process, cfg.rate, burstiness)
 
 
 def _synthetic(
     process: ArrivalProcess,
     prompt_spec: LengthSpec,
     output_spec: LengthSpec,
+    prefix: SharedPrefix | None,
     seed: int,
     limit: float,
     end_s: float,
     chunk_size: int,
 ) -> Iterator[Request]:
-    arrivals_rng, prompt_rng, output_rng = (
-        np.random.default_rng(child) for child in np.random.SeedSequence(seed).spawn(3)
+    """Independent requests; with `prefix`, child stream 3 picks who opens with which prompt."""
+    arrivals_rng, prompt_rng, output_rng, prefix_rng = (
+        np.random.default_rng(child) for child in np.random.SeedSequence(seed).spawn(4)
     )
+    ids = IdSource(prefix.num_reserved_ids if prefix is not None else 0)
     request_id = 0
     for times_s in arrival_chunks_s(process, arrivals_rng, chunk_size):
         prompts = sample_lengths(prompt_spec, prompt_rng, chunk_size).tolist()
         outputs = sample_lengths(output_spec, output_rng, chunk_size).tolist()
-        for arrival_s, prompt, output in zip(times_s.tolist(), prompts, outputs, strict=True):
+        choices = (
+            prefix.draw_choices(prefix_rng, chunk_size).tolist()
+            if prefix is not None
+            else [-1] * chunk_size
+        )
+        for arrival_s, prompt, output, choice in zip(
+            times_s.tolist(), prompts, outputs, choices, strict=True
+        ):
             if request_id >= limit or arrival_s >= end_s:
                 return
-            yield Request(request_id, arrival_s, prompt, output)
+            if prefix is None:
+                yield Request(request_id, arrival_s, prompt, output)
+            else:
+                tokens, block_ids, _ = shared_prompt(prefix, choice, prompt, ids)
+                yield Request(
+                    request_id,
+                    arrival_s,
+                    tokens,
+                    output,
+                    prefix_block_ids=block_ids,
+                    prefix_unit_tokens=prefix.unit_tokens,
+                )
             request_id += 1
 
 
 def _replay(trace: Trace, limit: float, end_s: float) -> Iterator[Request]:
+    """Mooncake rows keep their hash_ids exactly as given, one per 512 tokens."""
     hashes = trace.prefix_block_ids
     rows = zip(
         trace.arrival_s.tolist(),
@@ -263,8 +105,17 @@ def _replay(trace: Trace, limit: float, end_s: float) -> Iterator[Request]:
     for request_id, (arrival_s, prompt, output) in enumerate(rows):
         if request_id >= limit or arrival_s >= end_s:
             return
-        prefix = hashes[request_id] if hashes is not None else None
-        yield Request(request_id, arrival_s, prompt, output, prefix_block_ids=prefix)
+        if hashes is None:
+            yield Request(request_id, arrival_s, prompt, output)
+        else:
+            yield Request(
+                request_id,
+                arrival_s,
+                prompt,
+                output,
+                prefix_block_ids=hashes[request_id],
+                prefix_unit_tokens=MOONCAKE_UNIT_TOKENS,
+            )
 
 
 def make_requests(
@@ -277,18 +128,33 @@ def make_requests(
 
     Files are read eagerly (a missing trace fails here, not mid-run); requests lazily.
     Arrivals stop before `duration_s` (an arrival at exactly `duration_s` is excluded).
+    A trace whose hash_ids disagree with ceil(input_length / 512) is replayed as
+    given, with a warning counting the rows.
     """
     limit = cfg.num_requests if cfg.num_requests is not None else math.inf
     end_s = cfg.duration_s if cfg.duration_s is not None else math.inf
     if cfg.trace is not None:
         trace = load_trace(cfg.trace.path, cfg.trace.format, cfg.trace.time_scale, base_dir)
+        if trace.num_prefix_mismatched:
+            warnings.warn(
+                f"{trace.source}: {trace.num_prefix_mismatched} rows carry a number of "
+                f"hash_ids other than ceil(input_length / {MOONCAKE_UNIT_TOKENS}); "
+                "replaying them as given",
+                stacklevel=2,
+            )
         return _replay(trace, limit, end_s)
     if cfg.arrivals is None or cfg.prompt_tokens is None or cfg.output_tokens is None:
         raise ValueError("a synthetic workload needs arrivals, prompt_tokens and output_tokens")
+    process = arrival_process(cfg.arrivals)
+    if cfg.conversations is not None:
+        spec = conversation_spec(cfg, base_dir)
+        turns = conversation_turns(spec, process, seed, limit, end_s, chunk_size)
+        return (turn.request for turn in turns)
     return _synthetic(
-        arrival_process(cfg.arrivals),
+        process,
         length_spec(cfg.prompt_tokens, "prompt", base_dir),
         length_spec(cfg.output_tokens, "output", base_dir),
+        shared_prefix_spec(cfg),
         seed,
         limit,
         end_s,

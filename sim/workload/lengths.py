@@ -13,9 +13,13 @@ gives you; internally sigma^2 = ln(1 + cv^2) and mu = ln(mean) - sigma^2 / 2.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,3 +125,32 @@ def sample_lengths(spec: LengthSpec, rng: np.random.Generator, n: int) -> np.nda
         upper = float(spec.max_tokens) if spec.max_tokens is not None else float(2**62)
         raw = np.rint(np.clip(raw, spec.min_tokens, upper))
     return np.clip(raw, spec.min_tokens, spec.max_tokens).astype(np.int64, copy=False)
+
+
+class DrawStream(Generic[T]):
+    """One draw at a time from `sample(n)`, refilled `chunk_size` at a time.
+
+    Numpy scalar draws are slow; a stream over `lambda n: sample_lengths(spec, rng, n)`
+    yields the same sequence as repeated `sample_lengths(spec, rng, chunk_size)`.
+    """
+
+    __slots__ = ("_buffer", "_chunk_size", "_next", "_sample")
+
+    def __init__(self, sample: Callable[[int], np.ndarray], chunk_size: int) -> None:
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self._sample, self._chunk_size = sample, chunk_size
+        self._buffer: list[T] = []
+        self._next = 0
+
+    def draw(self) -> T:
+        if self._next == len(self._buffer):
+            self._buffer = self._sample(self._chunk_size).tolist()
+            self._next = 0
+        value = self._buffer[self._next]
+        self._next += 1
+        return value
+
+
+def length_stream(spec: LengthSpec, rng: np.random.Generator, chunk_size: int) -> DrawStream[int]:
+    return DrawStream(lambda n: sample_lengths(spec, rng, n), chunk_size)

@@ -7,6 +7,13 @@ length of 0 (e.g. a request that generated nothing); `Request` needs >= 1, so
 such lengths are clamped to 1 and counted in `num_clamped`. Negative or
 non-integer lengths and unparsable rows raise `TraceFormatError` naming the
 file, the line and what was expected.
+
+Mooncake's `hash_ids` name consecutive 512-token pieces of the prompt, so a
+row should carry ceil(input_length / 512) of them (every row of the shipped
+conversation trace does). A row that disagrees is kept as given, never
+padded or cut, and counted in `num_prefix_mismatched`: consumers pair id j
+with tokens [512 j, 512 (j+1)), so a missing tail is content nothing else
+names and surplus ids lie past the prompt.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import numpy as np
 TraceFormat = Literal["azure", "mooncake", "csv"]
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+MOONCAKE_UNIT_TOKENS = 512
 _PLAIN_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 _TIMESTAMP = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?Z?")
 
@@ -43,6 +51,7 @@ class Trace:
     output_tokens: np.ndarray
     prefix_block_ids: tuple[tuple[int, ...], ...] | None = None
     num_clamped: int = 0
+    num_prefix_mismatched: int = 0
 
     def __len__(self) -> int:
         return int(self.arrival_s.size)
@@ -238,6 +247,14 @@ def read_trace(path: Path | str, fmt: TraceFormat | None = None, time_scale: flo
     prompt = np.asarray(prompts, dtype=np.int64)[order]
     output = np.asarray(outputs, dtype=np.int64)[order]
     num_clamped = int(np.count_nonzero(prompt == 0) + np.count_nonzero(output == 0))
+    unit = MOONCAKE_UNIT_TOKENS
+    mismatched = (
+        0
+        if hashes is None
+        else sum(
+            len(ids) != -(-tokens // unit) for ids, tokens in zip(hashes, prompts, strict=True)
+        )
+    )
     return Trace(
         source=str(path),
         arrival_s=arrival_s,
@@ -245,4 +262,5 @@ def read_trace(path: Path | str, fmt: TraceFormat | None = None, time_scale: flo
         output_tokens=np.maximum(output, 1),
         prefix_block_ids=None if hashes is None else tuple(hashes[i] for i in order.tolist()),
         num_clamped=num_clamped,
+        num_prefix_mismatched=mismatched,
     )

@@ -8,9 +8,16 @@ One rule drives everything: each request's computed tokens catch up to its
 known tokens (prompt + emitted output) under the step's token budget.
 Running requests go first, in admission order; a prompt larger than what is
 left of the budget is chunked (when chunked prefill is on); a request that
-cannot get a block preempts the most recently admitted request, which drops
-its KV and re-queues at the front (recompute). Waiting requests are admitted
-FCFS only while no one was preempted this step and blocks are free.
+cannot get a block preempts the most recently admitted request, which
+re-queues at the front: by recompute (drops its KV, re-prefills later) or by
+swap (its blocks move to the host pool with their computed tokens and come
+back when it is re-admitted; the bytes cost host-link time in the steps that
+move them; a full host pool falls back to recompute). Waiting requests are
+admitted FCFS only while no one was preempted this step and blocks are free.
+
+With a prefix-caching pool, an admission starting from zero computed tokens
+reuses the longest cached prefix of its prompt and computes only the rest;
+after each step the prompt blocks it filled are named for later requests.
 
 Two implementations of that rule give identical plans: a per-request path for
 small batches (cheapest there), and an array path (running_batch.py) whose
@@ -23,7 +30,7 @@ from __future__ import annotations
 from collections import deque
 
 from sim.core.contiguous import ContiguousAllocator
-from sim.core.kv import KVManager
+from sim.core.kv import KVManager, PagedBlockManager
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
 from sim.core.schedulers.limits import LengthLimits
@@ -36,12 +43,14 @@ class ContinuousScheduler:
 
     `max_output_tokens` caps outputs (longer ones are rejected) and, on a contiguous
     pool, sizes reservations with max_model_len (one of them is then required).
+    `preemption`: "recompute" or "swap" (swap needs a paged pool with a host pool).
     """
 
     def __init__(self, kv: KVManager, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, chunked_prefill: bool = True,
                  max_model_len: int | None = None, vectorize_at: int = 24,
-                 max_output_tokens: int | None = None) -> None:
+                 max_output_tokens: int | None = None, preemption: str = "recompute"
+                 ) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < max_num_seqs:
@@ -49,6 +58,10 @@ class ContinuousScheduler:
                              f"max_num_seqs ({max_num_seqs}) so every decode fits a step")
         if vectorize_at < 1:
             raise ValueError(f"vectorize_at must be >= 1, got {vectorize_at}")
+        if preemption not in ("recompute", "swap"):
+            raise ValueError(f"preemption must be 'recompute' or 'swap', got {preemption!r}")
+        if preemption == "swap" and not isinstance(kv, PagedBlockManager):
+            raise ValueError("swap preemption needs a paged KV pool")
         self.limits = LengthLimits(max_model_len, max_output_tokens)
         if isinstance(kv, ContiguousAllocator) and not self.limits.bounded:
             raise ValueError("a contiguous KV pool needs max_model_len or max_output_tokens "
@@ -63,6 +76,14 @@ class ContinuousScheduler:
         self.running: list[Request] = []  # admission order: the last is the next victim
         self._in_flight: dict[int, Request] = {}
         self._batch: RunningBatch | None = None  # set while the array path owns the counters
+        self.preemption = preemption
+        self._swap = preemption == "swap"
+        # the pool's swap and naming calls, which only the paged pool has
+        self._paged = kv if isinstance(kv, PagedBlockManager) else None
+        self._prefix_cache = kv.enable_prefix_cache
+        self._swap_out_pending = 0  # slots swapped out, charged to the next plan built
+        self.num_recomputed_tokens = 0  # computed tokens dropped by recompute preemption
+        self.num_swap_fallbacks = 0  # swap preemptions that found the host pool full
 
     # -- queries -------------------------------------------------------------
     @property
@@ -141,7 +162,7 @@ class ContinuousScheduler:
         if not step.request_ids:
             batch.pending = None
             return None
-        plan = batch.pending = step.build(tuple(preempted))
+        plan = batch.pending = self._build(step, preempted)
         return plan
 
     def _schedule_each(self, now: float) -> StepPlan | None:
@@ -174,24 +195,47 @@ class ContinuousScheduler:
             self._admit(budget, step, now)
         if not step.request_ids:
             return None
+        return self._build(step, preempted)
+
+    def _build(self, step: PlanBuilder, preempted: list[int]) -> StepPlan:
+        if self._swap_out_pending:
+            step.swap_out_tokens, self._swap_out_pending = self._swap_out_pending, 0
         return step.build(tuple(preempted))
 
     def _admit(self, budget: int, step: PlanBuilder, now: float) -> None:
         """Admit waiting requests FCFS while budget, seats and blocks last."""
         kv, waiting, running, batch = self.kv, self.waiting, self.running, self._batch
-        reserve_tokens = self.limits.reserve_tokens
+        reserve_tokens, prefix_cache = self.limits.reserve_tokens, self._prefix_cache
+        paged = self._paged if self._swap else None
         while waiting and budget > 0 and len(running) < self.max_num_seqs:
             req = waiting[0]
-            new = req.num_known_tokens - req.num_computed_tokens
+            computed = req.num_computed_tokens
+            swapped = paged is not None and paged.is_swapped(req.request_id)
+            if prefix_cache and not computed:
+                computed = kv.cached_prefix_tokens(req)
+            new = req.num_known_tokens - computed
             if new > budget:
                 # without chunking a prefill waits for a step with room, unless it can
                 # never have room (a recompute longer than the whole budget): chunk it
                 if not self.chunked_prefill and new <= self.max_num_batched_tokens:
                     break
                 new = budget
-            if kv.allocate(req.request_id, req.num_computed_tokens + new,
-                           use_watermark=bool(running), reserve_tokens=reserve_tokens(req)) < 0:
-                break
+            if swapped:
+                assert paged is not None
+                moved = paged.swap_in(req.request_id, computed + new, bool(running))
+                if moved < 0:
+                    break
+                step.swap_in_tokens += moved * kv.block_size
+            else:
+                hits = kv.allocate(req.request_id, computed + new, use_watermark=bool(running),
+                                   reserve_tokens=reserve_tokens(req),
+                                   request=req if prefix_cache else None)
+                if hits < 0:
+                    break
+                if hits:  # only from zero computed tokens: the lookup above saw the same
+                    req.num_computed_tokens = hits
+            if req.first_scheduled_s is None:
+                req.prefix_hit_tokens = req.num_computed_tokens
             waiting.popleft()
             running.append(req)
             req.state = RequestState.RUNNING
@@ -204,13 +248,23 @@ class ContinuousScheduler:
             budget -= new
 
     def _preempt(self, req: Request) -> None:
-        self.kv.free(req.request_id)
-        req.num_computed_tokens = 0
+        """Re-queue `req` at the front; its counters must be exact (the batch syncs them)."""
         req.num_preemptions += 1
         req.state = RequestState.WAITING
         self.waiting.appendleft(req)
+        if self._swap and self._paged is not None:
+            moved = self._paged.swap_out(req.request_id)
+            if moved >= 0:
+                self._swap_out_pending += moved * self.kv.block_size
+                return
+            self.num_swap_fallbacks += 1
+        self.kv.free(req.request_id)
+        self.num_recomputed_tokens += req.num_computed_tokens
+        req.num_computed_tokens = 0
 
     def on_step_done(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
+        if self._prefix_cache and plan.shape.prefill_chunk_tokens:
+            self._name_computed(plan)  # before finished requests free their blocks
         batch = self._batch
         if batch is not None:
             if plan is batch.pending:
@@ -238,3 +292,12 @@ class ContinuousScheduler:
         if finished:
             self.running[:] = [r for r in self.running if r.state is RequestState.RUNNING]
         return finished
+
+    def _name_computed(self, plan: StepPlan) -> None:
+        """Name the prompt blocks this step's prefills filled, so later requests can hit them."""
+        assert self._paged is not None
+        cache = self._paged.cache_computed
+        for rid, context, new, prefill in zip(plan.request_ids, plan.context_tokens,
+                                              plan.num_new_tokens, plan.is_prefill, strict=True):
+            if prefill:
+                cache(rid, context + new)

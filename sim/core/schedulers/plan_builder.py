@@ -15,7 +15,8 @@ class PlanBuilder:
     """A step's columns as lists, turned into a frozen StepPlan by build()."""
 
     __slots__ = ("request_ids", "num_new", "contexts", "tables", "prefills", "emits",
-                 "chunk_tokens", "chunk_contexts", "num_decodes", "decode_sum", "decode_max")
+                 "chunk_tokens", "chunk_contexts", "num_decodes", "decode_sum", "decode_max",
+                 "swap_out_tokens", "swap_in_tokens")
 
     def __init__(self) -> None:
         self.request_ids: list[int] = []
@@ -27,6 +28,7 @@ class PlanBuilder:
         self.chunk_tokens: list[int] = []
         self.chunk_contexts: list[int] = []
         self.num_decodes = self.decode_sum = self.decode_max = 0
+        self.swap_out_tokens = self.swap_in_tokens = 0
 
     def add(self, req: Request, new: int, table: tuple[int, ...]) -> None:
         """Append one sequence; `req`'s counters must be exact (pre-step values)."""
@@ -50,7 +52,8 @@ class PlanBuilder:
 
     def build(self, preempted: tuple[int, ...]) -> StepPlan:
         shape = StepShape(tuple(self.chunk_tokens), tuple(self.chunk_contexts), self.num_decodes,
-                          self.decode_sum, self.decode_max, len(self.request_ids))
+                          self.decode_sum, self.decode_max, len(self.request_ids),
+                          self.swap_out_tokens, self.swap_in_tokens)
         return StepPlan(tuple(self.request_ids), tuple(self.num_new), tuple(self.contexts),
                         tuple(self.tables), tuple(self.prefills), tuple(self.emits), shape,
                         preempted)

@@ -30,6 +30,7 @@ class SchedulerSettings:
     max_output_tokens: int | None = None
     batch_size: int = 16
     max_wait_s: float | None = None  # dynamic: None = DEFAULT_MAX_WAIT_S; static: no timer
+    preemption: str = "recompute"  # continuous: "recompute" or "swap"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +43,8 @@ class Policy:
 
 def _continuous(kv: KVManager, s: SchedulerSettings) -> Scheduler:
     return ContinuousScheduler(kv, s.max_num_seqs, s.max_num_batched_tokens, s.chunked_prefill,
-                               s.max_model_len, max_output_tokens=s.max_output_tokens)
+                               s.max_model_len, max_output_tokens=s.max_output_tokens,
+                               preemption=s.preemption)
 
 
 def _contiguous(kv: KVManager) -> ContiguousAllocator:

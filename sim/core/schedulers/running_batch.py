@@ -85,6 +85,7 @@ class RunningBatch:
         req = self.reqs.pop()
         self.rids.pop()
         self.tables.pop()
+        req.num_computed_tokens = int(self.state[COMPUTED, row])  # swap keeps them
         req.num_output_done = int(self.state[DONE, row])
         return req
 
@@ -93,7 +94,7 @@ class RunningBatch:
         """Give running sequences their tokens in admission order; returns the budget left.
 
         Same rule as the per-request path: each catches up to its known tokens while
-        budget lasts; a table that cannot grow preempts from the tail (recompute).
+        budget lasts; a table that cannot grow preempts from the tail (`preempt`).
         """
         self._admitted = []
         all_decode, self._all_decode = self._all_decode, False

@@ -1,0 +1,77 @@
+"""Content names of a prompt's full KV blocks, for the prefix cache.
+
+A block is named by a hash chained over its parent block's name and its own
+content, so equal names mean equal prefixes, not just equal blocks. Content is
+the block's tokens when the request carries them, else the pieces of the
+trace's prefix ids it covers: id j covers tokens [j*U, (j+1)*U) (U =
+`prefix_unit_tokens`), and a block of B tokens covers (id, first offset, end
+offset) pieces of one or more ids, so any B works: dividing U, equal, or
+larger. Only full blocks inside the prompt and inside what the ids cover are
+named: a block holding generated tokens, or tokens no id describes, is never
+shared.
+
+Python's hash of a tuple of ints is deterministic across processes (no string
+salting), so plans are reproducible; 64-bit collisions are ignored, as vLLM
+ignores them for its default hash.
+"""
+
+from __future__ import annotations
+
+from sim.core.request import Request
+
+ROOT_HASH = 0  # the parent name of a prompt's first block
+
+
+def block_hashes(request: Request, block_size: int) -> tuple[int, ...]:
+    """Chained names of the request's full, describable prompt blocks, first block first."""
+    if request.prompt_token_ids is not None:
+        return _token_hashes(request.prompt_token_ids, request.prompt_tokens, block_size)
+    if request.prefix_block_ids:
+        return _id_hashes(request.prefix_block_ids, request.prefix_unit_tokens,
+                          request.prompt_tokens, block_size)
+    return ()
+
+
+def _token_hashes(tokens: tuple[int, ...], prompt_tokens: int, block_size: int
+                  ) -> tuple[int, ...]:
+    full = min(prompt_tokens, len(tokens)) // block_size
+    names = []
+    parent = ROOT_HASH
+    for start in range(0, full * block_size, block_size):
+        parent = hash((parent, tokens[start:start + block_size]))
+        names.append(parent)
+    return tuple(names)
+
+
+def _id_hashes(ids: tuple[int, ...], unit: int, prompt_tokens: int, block_size: int
+               ) -> tuple[int, ...]:
+    full = min(len(ids) * unit, prompt_tokens) // block_size
+    names = []
+    parent = ROOT_HASH
+    if unit % block_size == 0:  # the common case (16 | 512): one piece per block
+        per_unit = unit // block_size
+        for i in range(full):
+            j, k = divmod(i, per_unit)
+            lo = k * block_size
+            parent = hash((parent, ids[j], lo, lo + block_size))
+            names.append(parent)
+        return tuple(names)
+    for i in range(full):
+        parent = hash((parent, *block_pieces(ids, unit, i * block_size, block_size)))
+        names.append(parent)
+    return tuple(names)
+
+
+def block_pieces(ids: tuple[int, ...], unit: int, start: int, block_size: int
+                 ) -> tuple[int, ...]:
+    """The (id, first offset, end offset) pieces of tokens [start, start + block_size), flat."""
+    pieces: list[int] = []
+    end = start + block_size
+    t = start
+    while t < end:
+        j = t // unit
+        lo = t - j * unit
+        hi = min(unit, end - j * unit)
+        pieces += (ids[j], lo, hi)
+        t = j * unit + hi
+    return tuple(pieces)

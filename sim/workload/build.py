@@ -1,0 +1,143 @@
+"""Config to pure specs: trace paths resolved, length and time configs made samplers.
+
+The generators never see pydantic models; these functions are the one place
+where a validated `workload:` section becomes the frozen values they take.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from sim.workload.arrivals import ArrivalProcess
+from sim.workload.conversations import ConversationSpec, ThinkTime
+from sim.workload.lengths import (
+    Empirical,
+    Fixed,
+    LengthDist,
+    LengthSpec,
+    Lognormal,
+    Normal,
+    Uniform,
+)
+from sim.workload.prefixes import SharedPrefix
+from sim.workload.schema import (
+    ConstantArrivals,
+    EmpiricalConfig,
+    ExponentialTime,
+    FixedConfig,
+    FixedTime,
+    GammaArrivals,
+    LengthConfig,
+    LognormalConfig,
+    LognormalTime,
+    NormalConfig,
+    PoissonArrivals,
+    TimeConfig,
+    UniformConfig,
+    WorkloadConfig,
+)
+from sim.workload.traces import Trace, TraceFormat, read_trace
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_TRACES = {"synthetic_conv": "data/synthetic_conv.csv"}
+
+
+def resolve_trace_path(path: str, base_dir: Path | None = None) -> Path:
+    """Find a trace: relative to `base_dir` (the scenario's folder) first, then the cwd."""
+    given = Path(path).expanduser()
+    if given.is_absolute():
+        candidates = [given]
+    else:
+        candidates = [base_dir / given] if base_dir is not None else []
+        candidates.append(Path.cwd() / given)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    tried = ", ".join(str(c) for c in candidates)
+    raise FileNotFoundError(f"trace file {path!r} not found (tried: {tried})")
+
+
+def load_trace(
+    path: str, fmt: TraceFormat | None, time_scale: float = 1.0, base_dir: Path | None = None
+) -> Trace:
+    """Read a trace by config path, including the shipped `builtin:` ones."""
+    if not path.startswith(BUILTIN_PREFIX):
+        return read_trace(resolve_trace_path(path, base_dir), fmt, time_scale)
+    name = path.removeprefix(BUILTIN_PREFIX)
+    if name not in BUILTIN_TRACES:
+        raise FileNotFoundError(f"unknown builtin trace {name!r}; have {sorted(BUILTIN_TRACES)}")
+    resource = resources.files("sim.workload").joinpath(BUILTIN_TRACES[name])
+    with resources.as_file(resource) as real_path:
+        return read_trace(real_path, fmt or "csv", time_scale)
+
+
+def length_spec(cfg: LengthConfig, column: str, base_dir: Path | None = None) -> LengthSpec:
+    """The pure sampling spec for a length config; `column` is the default trace column."""
+    dist: LengthDist
+    match cfg:
+        case FixedConfig():
+            dist = Fixed(cfg.value)
+        case UniformConfig():
+            dist = Uniform(cfg.low, cfg.high)
+        case NormalConfig():
+            dist = Normal(cfg.mean, cfg.std)
+        case LognormalConfig():
+            dist = Lognormal(cfg.mean, cfg.cv)
+        case EmpiricalConfig(values=list() as values):
+            dist = Empirical(tuple(values))
+        case EmpiricalConfig(trace=str() as trace_path):
+            trace = load_trace(trace_path, cfg.format, base_dir=base_dir)
+            which = cfg.column or column
+            lengths = trace.prompt_tokens if which == "prompt" else trace.output_tokens
+            dist = Empirical(tuple(lengths.tolist()))
+        case _:
+            raise TypeError(f"not a length config: {cfg!r}")
+    return LengthSpec(dist, min_tokens=cfg.min or 1, max_tokens=cfg.max)
+
+
+def arrival_process(cfg: PoissonArrivals | GammaArrivals | ConstantArrivals) -> ArrivalProcess:
+    burstiness = cfg.burstiness if isinstance(cfg, GammaArrivals) else 1.0
+    return ArrivalProcess(cfg.process, cfg.rate, burstiness)
+
+
+def think_time(cfg: float | TimeConfig) -> ThinkTime:
+    match cfg:
+        case FixedTime():
+            return ThinkTime("fixed", cfg.value_s)
+        case ExponentialTime():
+            return ThinkTime("exponential", cfg.mean_s)
+        case LognormalTime():
+            return ThinkTime("lognormal", cfg.mean_s, cfg.cv)
+    return ThinkTime("fixed", float(cfg))
+
+
+def shared_prefix_spec(cfg: WorkloadConfig) -> SharedPrefix | None:
+    sp = cfg.shared_prefix
+    if sp is None:
+        return None
+    return SharedPrefix(sp.fraction, sp.tokens, sp.num_prompts, cfg.unit_tokens)
+
+
+def conversation_spec(cfg: WorkloadConfig, base_dir: Path | None = None) -> ConversationSpec:
+    """The pure spec of a `conversations:` workload (arrivals are conversation starts)."""
+    conv, prompt, output = cfg.conversations, cfg.prompt_tokens, cfg.output_tokens
+    if conv is None or prompt is None or output is None:
+        raise ValueError("conversations need conversations, prompt_tokens and output_tokens")
+    turns = (
+        LengthSpec(Fixed(conv.turns))
+        if isinstance(conv.turns, int)
+        else length_spec(conv.turns, "prompt", base_dir)
+    )
+    return ConversationSpec(
+        first_prompt=length_spec(prompt, "prompt", base_dir),
+        output=length_spec(output, "output", base_dir),
+        user=length_spec(conv.user_tokens, "prompt", base_dir),
+        turns=turns,
+        think=think_time(conv.think_time_s),
+        assumed_tpot_s=conv.assumed_tpot_s,
+        num_conversations=conv.num_conversations,
+        max_prompt_tokens=conv.max_prompt_tokens,
+        shared_prefix=shared_prefix_spec(cfg),
+        unit_tokens=cfg.unit_tokens,
+    )
