@@ -72,6 +72,20 @@ class Request:
     def is_done(self) -> bool:
         return self.state in (RequestState.FINISHED, RequestState.REJECTED)
 
+    def advance(self, num_new_tokens: int, emits_token: bool, now: float) -> bool:
+        """Apply one step's work to this request; True if it emitted its last token."""
+        self.num_computed_tokens += num_new_tokens
+        if not emits_token:
+            return False
+        self.num_output_done += 1
+        if self.first_token_s is None:
+            self.first_token_s = now
+        if self.num_output_done < self.output_tokens:
+            return False
+        self.state = RequestState.FINISHED
+        self.finish_s = now
+        return True
+
     def reject(self, reason: str, now: float) -> None:
         self.state = RequestState.REJECTED
         self.rejection_reason = reason

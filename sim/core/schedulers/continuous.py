@@ -277,15 +277,7 @@ class ContinuousScheduler:
         for rid, new, emits in zip(plan.request_ids, plan.num_new_tokens, plan.emits_token,
                                    strict=True):
             req = in_flight[rid]
-            req.num_computed_tokens += new
-            if not emits:
-                continue
-            req.num_output_done += 1
-            if req.first_token_s is None:
-                req.first_token_s = now
-            if req.num_output_done == req.output_tokens:
-                req.state = RequestState.FINISHED
-                req.finish_s = now
+            if req.advance(new, emits, now):
                 self.kv.free(rid)
                 del in_flight[rid]
                 finished.append(req)

@@ -84,17 +84,8 @@ class RequestBatch:
         by_id = self._by_id
         for rid, new, emits in zip(plan.request_ids, plan.num_new_tokens, plan.emits_token,
                                    strict=True):
-            req = by_id[rid]
-            req.num_computed_tokens += new
-            if not emits:
-                continue
-            req.num_output_done += 1
-            if req.first_token_s is None:
-                req.first_token_s = now
-            if req.num_output_done == req.output_tokens:
-                req.state = RequestState.FINISHED
-                req.finish_s = now
-                finished.append(req)
+            if by_id[rid].advance(new, emits, now):
+                finished.append(by_id[rid])
         self.num_live -= len(finished)
         self._prefilled = True
         return finished
