@@ -71,7 +71,7 @@ def format_summary(summary: dict[str, Any]) -> str:
                   row("Swapped out (bytes):", "swapped_out_bytes"),
                   row("Swapped in (bytes):", "swapped_in_bytes")]
     if "slot_utilization" in summary:
-        lines.append(f"{' Batching waste (busy-time average) ':-^{width}}")
+        lines.append(f"{' Batching waste ':-^{width}}")
         lines += [row("Slot utilisation:", "slot_utilization"),
                   row("KV waste (share of pool):", "kv_waste_fraction"),
                   row("KV waste (share of held):", "kv_waste_of_held")]
