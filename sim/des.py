@@ -159,8 +159,9 @@ def _arrivals(env: simpy.Environment, requests: Iterable[Request],
         replica.close()
 
 
-def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup], router: Router,
-                   rng: np.random.Generator, fleet_recorder: RunRecorder,
+def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup],
+                   router: Router | None, rng: np.random.Generator | None,
+                   fleet_recorder: RunRecorder,
                    on_done: Callable[[int], None] | None = None) -> float:
     """Run replicas behind `router` to completion; returns the simulated end time in seconds.
 
@@ -181,6 +182,8 @@ def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup], 
         def route(_request: Request) -> Replica:
             return only
     else:
+        if router is None or rng is None:
+            raise ValueError("several replicas need a router and an rng")
         choose = router.choose
 
         def route(request: Request) -> Replica:
@@ -193,9 +196,6 @@ def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup], 
 def simulate(requests: Iterable[Request], scheduler: Scheduler, latency: LatencyModel,
              recorder: RunRecorder, on_done: Callable[[int], None] | None = None) -> float:
     """Run one replica to completion; returns the simulated end time in seconds."""
-    env = simpy.Environment()
-    replica = Replica(env, scheduler, latency, recorder, on_done)
-    env.process(replica.run())
-    env.process(_arrivals(env, requests, lambda _request: replica, [replica]))
-    env.run()
-    return float(env.now)
+    setup = ReplicaSetup(scheduler, latency, recorder)
+    # one replica never consults the router, so neither a router nor an rng is needed
+    return simulate_fleet(requests, [setup], None, None, recorder, on_done)
