@@ -1,7 +1,11 @@
 """`servesim capacity`: the back-of-envelope sheet, every term shown with its numbers.
 
 The report is a plain dict built by a pure function, so the text, the JSON
-and the tests all read the same numbers.
+and the tests all read the same numbers. Long context ("how much bigger is
+the KV cache than the weights at 128k?"): `--context 128k` (k = 1024 tokens,
+the naming model cards use); the report gives one sequence's KV, the batch's
+and the whole KV pool's, each against the weights, and notes a context past
+the model's maximum.
 """
 
 from __future__ import annotations
@@ -93,6 +97,11 @@ def capacity_report(model: ModelSpec, hw: HardwareSpec, tp: int = 1, context_tok
         "crossover_batch": None if math.isinf(crossover) else crossover,
         "crossover_batch_weights_only": crossover_linear,
         "kv_to_weights_ratio": kv_batch / weights,
+        "kv_bytes_per_seq": kv_token * context_tokens,
+        "kv_seq_to_weights_ratio": kv_token * context_tokens / weights,
+        "kv_pool_to_weights_ratio": kv_tokens * kv_token / weights,
+        "model_max_context_tokens": model.max_context_tokens,
+        "context_exceeds_model": context_tokens > model.max_context_tokens,
     }
 
 
@@ -151,7 +160,18 @@ def format_report(r: dict[str, Any]) -> str:
         ("KV / weights", f"{_gib(r['kv_bytes_context_batch'])} / "
                          f"{_gib(r['weights_bytes_per_gpu'])} = "
                          f"{r['kv_to_weights_ratio']:,.2f}"),
+        ("  one sequence", f"{r['kv_bytes_per_token']:,.0f} B x {ctx:,} tokens = "
+                           f"{_gib(r['kv_bytes_per_seq'])} = "
+                           f"{r['kv_seq_to_weights_ratio']:,.2f} x the weights"),
+        ("  whole KV pool", f"{r['kv_budget_tokens']:,} tokens x {r['kv_bytes_per_token']:,.0f} B"
+                            f" = {_gib(r['kv_budget_tokens'] * r['kv_bytes_per_token'])} = "
+                            f"{r['kv_pool_to_weights_ratio']:,.2f} x the weights "
+                            f"({r['max_concurrency']:,} sequences of {ctx:,} tokens)"),
     ]
+    if r["context_exceeds_model"]:
+        rows.append(("note", f"context {ctx:,} exceeds {r['model']}'s maximum of "
+                             f"{r['model_max_context_tokens']:,} tokens: a server rejects "
+                             "such requests (the memory terms still hold for its shape)"))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
 
@@ -169,6 +189,19 @@ def _number(kind: Callable[[str], float], flag: str, text: str, allowed: str,
 
 def _positive_int(flag: str, text: str) -> int:
     return _number(int, flag, text, "a positive integer", lambda v: v > 0)
+
+
+def _context_tokens(text: str) -> int:
+    """A token count, or NNk for NN x 1024 (model cards' 128k is 131,072 tokens)."""
+    if text.strip().lower().endswith("k"):
+        try:
+            value = int(text.strip()[:-1]) * 1024
+        except ValueError:
+            value = 0
+        if value > 0:
+            return value
+    return _number(int, "--context", text, "a positive integer, or NNk for NN x 1024 "
+                   "(128k = 131,072)", lambda v: v > 0)
 
 
 def _parse_field(text: str) -> tuple[str, str]:
@@ -210,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
         report = capacity_report(
             model, hw,
             tp=tp,
-            context_tokens=_positive_int("--context", args.context),
+            context_tokens=_context_tokens(args.context),
             batch_size=_positive_int("--batch", args.batch),
             memory_utilization=_number(float, "--memory-utilization", args.memory_utilization,
                                        "a fraction in (0, 1]", lambda v: 0 < v <= 1),
@@ -238,7 +271,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    metavar="KEY=VALUE", help="a ModelSpec field, e.g. num_layers=40 (repeatable)")
     p.add_argument("--gpu", default="h100-sxm", help="catalogue GPU (default h100-sxm)")
     p.add_argument("--gpus", default="1", help="tensor-parallel GPU count (default 1)")
-    p.add_argument("--context", default="8192", help="tokens per sequence (default 8192)")
+    p.add_argument("--context", default="8192",
+                   help="tokens per sequence, or e.g. 128k = 131072 (default 8192)")
     p.add_argument("--batch", default="32", help="concurrent sequences (default 32)")
     p.add_argument("--memory-utilization", default="0.9",
                    help="fraction of GPU memory the server may use (default 0.9)")

@@ -18,6 +18,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="output directory (default: the scenario's output.dir)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+    p.add_argument("--timeline", type=int, default=0, metavar="N",
+                   help="trace N requests spread over the run: timeline.csv and timeline.png")
     p.set_defaults(func=_run)
 
 
@@ -31,8 +33,13 @@ def _run(args: argparse.Namespace) -> int:
     except ScenarioError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.timeline < 0:
+        print(f"error: --timeline: must be >= 0 requests to trace, got {args.timeline}",
+              file=sys.stderr)
+        return 2
     try:
-        result = run_scenario(scenario, base_dir, show_progress=not args.quiet)
+        result = run_scenario(scenario, base_dir, show_progress=not args.quiet,
+                              timeline=args.timeline)
     except (ValueError, FileNotFoundError) as err:  # e.g. a missing trace, no room for KV
         print(f"error: {args.scenario or 'default scenario'}: {err}", file=sys.stderr)
         return 2
@@ -133,7 +140,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sim import capacity
+    from sim import capacity, engine_cli
 
     parser = argparse.ArgumentParser(
         prog="servesim", description="Simulate LLM serving and answer capacity questions.")
@@ -143,6 +150,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare(sub)
     _add_sweep(sub)
     capacity.register(sub)
+    from sim import tokens_cli
+
+    tokens_cli.register(sub)
+    from sim import explain_cli
+
+    explain_cli.register(sub)
+    engine_cli.register(sub)
+    from calibrate import cli as calibrate_cli  # imported here: sim never needs calibrate
+
+    calibrate_cli.register(sub)
     return parser
 
 

@@ -128,6 +128,42 @@ def plot_waste(table: pd.DataFrame, rate: float, path: Path) -> Path:
     return save_figure(fig, path)
 
 
+def plot_sweep(table: pd.DataFrame, grid_keys: list[str], path: Path) -> Path:
+    """Peak concurrency, TTFT, TPOT and throughput against the sweep's first numeric key.
+
+    One line per value of the other grid keys (e.g. per arrival rate when the
+    x axis is the prompt length); log-2 x when the values span a factor of 8.
+    """
+    numeric = [k for k in grid_keys if pd.api.types.is_numeric_dtype(table[k])]
+    fig = Figure(figsize=(11, 8), layout="constrained")
+    axes = fig.subplots(2, 2)
+    x = numeric[0] if numeric else None
+    others = [k for k in grid_keys if k != x]
+    groups = [("", table)] if not others else [
+        (", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(
+            others, key if isinstance(key, tuple) else (key,), strict=True)), rows)
+        for key, rows in table.groupby(others, sort=False)]
+    panels = ((("max_num_running", "peak running sequences"),), (("median_ttft_ms", "p50"),
+              ("p99_ttft_ms", "p99")), (("median_tpot_ms", "p50"), ("p99_tpot_ms", "p99")),
+              (("output_throughput", "output tok/s"),))
+    titles = ("Concurrency reached", "TTFT (ms)", "TPOT (ms)", "Output throughput (tok/s)")
+    for ax, columns, title in zip(axes.flat, panels, titles, strict=True):
+        for label, rows in groups if x is not None else []:
+            rows = rows.sort_values(x)
+            for column, what in columns:
+                if column in rows and rows[column].notna().any():
+                    name = " ".join(p for p in (label, what) if p)
+                    ax.plot(*_xy(rows, x, column), marker="o", label=name)
+        if x is not None and table[x].min() > 0 and table[x].max() >= 8 * table[x].min():
+            ax.set_xscale("log", base=2)
+        values = table[[c for c, _ in columns if c in table]].to_numpy(dtype=np.float64)
+        if ax.has_data() and np.nanmin(values) > 0 and np.nanmax(values) > 20 * np.nanmin(values):
+            ax.set_yscale("log")  # only when the curves span decades
+        _finish(ax, title, x or "no numeric grid key", title)
+    fig.suptitle("Sweep: " + ", ".join(grid_keys))
+    return save_figure(fig, path)
+
+
 def write_plots(table: pd.DataFrame, waste_rate: float, out_dir: Path) -> list[Path]:
     return [plot_throughput(table, out_dir / "throughput.png"),
             plot_latency(table, out_dir / "latency_vs_throughput.png"),

@@ -25,12 +25,13 @@ import numpy as np
 import simpy
 
 from sim.core.kv import KVManager
-from sim.core.plan import StepResult
+from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
 from sim.metrics import RunRecorder
 from sim.router import Router
+from sim.trace import StepObserver
 
 SCRIPTED = StepResult()  # the simulator's outputs are scripted: no token values
 
@@ -43,6 +44,10 @@ class ReplicaSetup:
     latency: LatencyModel
     recorder: RunRecorder
     kv: KVManager | None = None
+    # speculative decoding: how many tokens each sequence of a plan emitted (the
+    # acceptance process, sim.speculative.AcceptanceSampler); None = one per emitter
+    speculate: Callable[[StepPlan], StepResult] | None = None
+    observer: StepObserver | None = None  # sees each accepted arrival and step (sim.trace)
 
 
 def _no_cache(_request: Request) -> int:
@@ -60,6 +65,8 @@ class Replica:
     on_done: Callable[[int], None] | None = None
     kv: KVManager | None = None
     fleet_recorder: RunRecorder | None = None  # also records here (None: one replica)
+    speculate: Callable[[StepPlan], StepResult] | None = None  # see ReplicaSetup
+    observer: StepObserver | None = None  # see ReplicaSetup
     _wake: simpy.Event | None = field(default=None, init=False)
     _cached: Callable[[Request], int] = field(default=_no_cache, init=False)
 
@@ -89,6 +96,8 @@ class Replica:
             if self.on_done is not None:
                 self.on_done(1)
             return
+        if self.observer is not None:
+            self.observer.on_arrival(request, self.env.now)
         self._wake_up()
 
     def close(self) -> None:
@@ -104,6 +113,7 @@ class Replica:
         env, scheduler, recorder = self.env, self.scheduler, self.recorder
         fleet = self.fleet_recorder
         step_time = self.latency.step_time
+        speculate, observer = self.speculate, self.observer
         while True:
             plan = scheduler.schedule(env.now)
             if plan is None:
@@ -118,8 +128,15 @@ class Replica:
             start_s = env.now
             held = scheduler.kv_slots_held  # while the step runs: before finishers free
             duration_s = step_time(plan.shape)
+            if observer is not None:
+                observer.on_step(start_s, duration_s, plan)
             yield env.timeout(duration_s)
-            finished = scheduler.on_step_done(plan, SCRIPTED, env.now)
+            result = SCRIPTED if speculate is None else speculate(plan)
+            finished = scheduler.on_step_done(plan, result, env.now)
+            if speculate is not None:
+                recorder.record_speculation(plan, result)
+                if fleet is not None:
+                    fleet.record_speculation(plan, result)
             waiting, running, used = (scheduler.num_waiting, scheduler.num_running,
                                       scheduler.kv_blocks_used)
             recorder.record_step(start_s, duration_s, plan, waiting, running, used, held)
@@ -172,7 +189,8 @@ def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup],
         raise ValueError("a fleet needs at least one replica")
     env = simpy.Environment()
     replicas = [Replica(env, s.scheduler, s.latency, s.recorder, on_done, s.kv,
-                        None if s.recorder is fleet_recorder else fleet_recorder)
+                        None if s.recorder is fleet_recorder else fleet_recorder, s.speculate,
+                        s.observer)
                 for s in setups]
     for replica in replicas:
         env.process(replica.run())
@@ -194,8 +212,9 @@ def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup],
 
 
 def simulate(requests: Iterable[Request], scheduler: Scheduler, latency: LatencyModel,
-             recorder: RunRecorder, on_done: Callable[[int], None] | None = None) -> float:
+             recorder: RunRecorder, on_done: Callable[[int], None] | None = None,
+             observer: StepObserver | None = None) -> float:
     """Run one replica to completion; returns the simulated end time in seconds."""
-    setup = ReplicaSetup(scheduler, latency, recorder)
+    setup = ReplicaSetup(scheduler, latency, recorder, observer=observer)
     # one replica never consults the router, so neither a router nor an rng is needed
     return simulate_fleet(requests, [setup], None, None, recorder, on_done)

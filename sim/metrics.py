@@ -8,6 +8,14 @@ drop each Request once recorded. Field names and formulas follow vLLM's
 arrival. Percentiles use numpy's default 'linear' method, as vLLM does.
 
 Steps are not stored: memory grows with requests, not with work done.
+Speculative decoding: a decode that emits several tokens at once is one ITL
+sample of the step's duration (vLLM's benchmark convention: ITL is the gap
+between deliveries a client sees; TPOT counts every token). `record_speculation`
+keeps O(1) counters: drafted and accepted tokens and decode sequence-steps,
+giving `spec_acceptance_rate` (accepted / drafted), `mean_tokens_per_seq_step`
+(tokens each decoding sequence emitted per step, 1 without speculation) and
+`mean_tokens_per_spec_step` (the same over sequences that drafted).
+
 Pooled ITL: a step of duration d that runs k decodes contributes k samples of
 value d to a `LogHistogram` (exact count/mean/std/min/max, percentiles within
 a relative 5e-4). This equals vLLM's list of every gap between tokens
@@ -57,7 +65,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.core.plan import StepPlan
+from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
 from sim.report import format_summary, jsonable
 from sim.stats import PERCENTILES, LogHistogram, TimeBuckets, describe_ms, weighted_percentiles
@@ -113,7 +121,8 @@ class RunRecorder:
 
     __slots__ = ("_req", "_reason_codes", "_itl", "_series", "_num_steps", "_busy_s",
                  "_batch_x_s", "_max_kv_blocks_used", "_padded_x_s", "_slot_steps",
-                 "_useful_slot_steps", "_waste_x_s", "_swap_out_tokens", "_swap_in_tokens")
+                 "_useful_slot_steps", "_waste_x_s", "_swap_out_tokens", "_swap_in_tokens",
+                 "_spec", "_extra_columns")
 
     def __init__(self, max_buckets: int = 2048, bucket_width_s: float = 0.01) -> None:
         self._req: dict[str, array] = {k: array("d") for k in _REQ_FLOAT}
@@ -131,6 +140,9 @@ class RunRecorder:
         self._waste_x_s = 0.0  # sum of max(0, held - live) x duration; held/live sums: _series
         self._swap_out_tokens = 0  # KV token slots swap preemption moved, from the shapes
         self._swap_in_tokens = 0
+        # speculation: [decode seq-steps, drafting seq-steps, drafted, accepted]; None = off
+        self._spec: list[int] | None = None
+        self._extra_columns: pd.DataFrame | None = None  # add_columns (TTFT diagnosis)
 
     def _append_request(self, req: Request, code: int) -> None:
         c = self._req
@@ -200,6 +212,23 @@ class RunRecorder:
         self._useful_slot_steps += batch_size
         if self._max_kv_blocks_used is None or kv_blocks_used > self._max_kv_blocks_used:
             self._max_kv_blocks_used = kv_blocks_used
+
+    def record_speculation(self, plan: StepPlan, result: StepResult) -> None:
+        """Count one step's drafts and accepted tokens (called for every step while on)."""
+        spec = self._spec
+        if spec is None:
+            spec = self._spec = [0, 0, 0, 0]
+        spec[0] += plan.shape.num_decodes
+        drafts = plan.num_spec_tokens
+        if not drafts:
+            return
+        emitted = iter(result.num_emitted)
+        for k, emits in zip(drafts, plan.emits_token, strict=True):
+            count = next(emitted, 1) if emits else 0
+            if k:
+                spec[1] += 1
+                spec[2] += k
+                spec[3] += count - 1
 
     @property
     def num_requests(self) -> int:
@@ -281,9 +310,13 @@ class RunRecorder:
         per_token = math.nan if kv_bytes_per_token is None else kv_bytes_per_token
         out["swapped_out_bytes"] = self._swap_out_tokens * per_token
         out["swapped_in_bytes"] = self._swap_in_tokens * per_token
+        if self._spec is not None:
+            out.update(_speculation(*self._spec))
         out["num_steps"] = self.num_steps
         out["mean_batch_size"] = self._batch_x_s / self._busy_s if self._busy_s > 0 else math.nan
         out["max_kv_blocks_used"] = self._max_kv_blocks_used
+        # peak running sequences: the concurrency KV memory and max_num_seqs allowed
+        out["max_num_running"] = max(self._series.max_running) if self._num_steps else 0
         if kv_blocks_total is not None:
             out["kv_blocks_total"] = kv_blocks_total
         out.update(self._waste(kv_blocks_total, block_size))
@@ -324,7 +357,14 @@ class RunRecorder:
             frame[f"{metric}_ms"] = r[f"{metric}_s"] * 1e3
         frame["status"] = np.where(r["finished"], "finished", "rejected")
         frame["rejection_reason"] = pd.Series(reasons, dtype=object)
+        if self._extra_columns is not None:
+            frame = frame.merge(self._extra_columns, on="request_id", how="left")
         return frame
+
+    def add_columns(self, columns: pd.DataFrame) -> None:
+        """Per-request columns keyed by `request_id` (e.g. the TTFT diagnosis), joined into
+        requests_frame(); requests without a row get NaN. Replaces earlier ones."""
+        self._extra_columns = columns
 
     def steps_frame(self) -> pd.DataFrame:
         """The time series, one row per non-empty time bucket (see `TimeBuckets`)."""
@@ -354,6 +394,20 @@ class RunRecorder:
                                                     kv_blocks_total=total,
                                                     kv_pool_tokens=summary.get("kv_pool_tokens")))
         return written
+
+
+def _speculation(decode_steps: int, spec_steps: int, drafted: int, accepted: int
+                 ) -> dict[str, Any]:
+    """The summary's speculative-decoding fields from the recorder's counters."""
+    return {
+        "spec_draft_tokens": drafted,
+        "spec_accepted_tokens": accepted,
+        "spec_acceptance_rate": accepted / drafted if drafted else math.nan,
+        "mean_tokens_per_seq_step": (decode_steps + accepted) / decode_steps
+        if decode_steps else math.nan,
+        "mean_tokens_per_spec_step": (spec_steps + accepted) / spec_steps
+        if spec_steps else math.nan,
+    }
 
 
 def _meets_slo(r: dict[str, np.ndarray], slo: SLO) -> np.ndarray:

@@ -64,6 +64,12 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines += [row("Prefix hit rate:", "prefix_hit_rate"),
                   row("Prefill tokens saved:", "prefill_tokens_saved"),
                   row("Cache evictions:", "cache_evictions")]
+    if "spec_acceptance_rate" in summary:
+        lines.append(f"{' Speculative decoding ':-^{width}}")
+        lines += [row("Draft tokens per step (k):", "speculative_tokens"),
+                  row("Draft acceptance rate:", "spec_acceptance_rate"),
+                  row("Mean tokens per drafting step:", "mean_tokens_per_spec_step"),
+                  row("Mean tokens per decode step:", "mean_tokens_per_seq_step")]
     if summary.get("total_preemptions"):
         lines.append(f"{' Preemption ':-^{width}}")
         lines += [row("Preemptions:", "total_preemptions"),

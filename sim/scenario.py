@@ -10,7 +10,7 @@ import copy
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -117,10 +117,31 @@ class KVConfig(_Strict):
 
 
 class LatencyConfig(_Strict):
-    model: Literal["roofline"] = "roofline"
+    """roofline: from the model and GPU specs (the knobs below tune it); table: a fitted
+    calibration table directory (`servesim calibrate fit`), `path` relative to the scenario."""
+
+    model: Literal["roofline", "table"] = "roofline"
+    path: str | None = Field(None, min_length=1, description="table: the calibration table "
+                             "directory, relative to the scenario file")
     step_overhead_ms: float | None = Field(None, ge=0.0)
     compute_efficiency: float | None = Field(None, gt=0.0, le=1.0)
     bandwidth_efficiency: float | None = Field(None, gt=0.0, le=1.0)
+
+    def problem(self) -> str | None:
+        """A 'latency.<field>: why' message when the options do not suit `model`."""
+        if self.model == "table":
+            if self.path is None:
+                return ("latency.path: model table needs the calibration table directory "
+                        "(relative to the scenario file)")
+            knobs = [k for k in ("step_overhead_ms", "compute_efficiency",
+                                 "bandwidth_efficiency") if getattr(self, k) is not None]
+            if knobs:
+                return (f"latency.{knobs[0]}: tunes the roofline model only; a table brings "
+                        f"its own fitted coefficients (got model table)")
+        elif self.path is not None:
+            return (f"latency.path: only model table reads a table directory, got model "
+                    f"{self.model!r} with path {self.path!r}")
+        return None
 
 
 class SLOConfig(_Strict):
@@ -132,6 +153,98 @@ class SLOConfig(_Strict):
 class OutputConfig(_Strict):
     dir: str | None = Field(None, description="default: results/<name>")
     plots: bool = True
+
+
+class SamplingConfig(_Strict):
+    """The engine's sampler; the simulator's outputs are scripted, so it ignores this."""
+
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy")
+    top_k: int = Field(0, ge=0, description="0 = off")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="1 = off")
+
+
+class EngineConfig(_Strict):
+    """How `servesim engine replay` runs the scenario on the real PyTorch engine."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if present")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto = bfloat16 on cuda, float32 on cpu")
+    weights: str | None = Field(
+        None, description="a local Hugging Face directory (config.json + safetensors); "
+        "null = random weights of the model's real shapes")
+    seed: int | None = Field(None, description="weights and synthetic prompts; null = seed")
+    cuda_graphs: bool = Field(True, description="capture decode steps in CUDA graphs")
+    warmup: bool = True
+    sampling: SamplingConfig = SamplingConfig()
+
+
+class FixedAlphaConfig(_Strict):
+    dist: Literal["fixed"] = "fixed"
+    alpha: float = Field(0.7, ge=0.0, le=1.0, description="per-token acceptance probability")
+
+
+class UniformAlphaConfig(_Strict):
+    dist: Literal["uniform"]
+    low: float = Field(ge=0.0, le=1.0)
+    high: float = Field(ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformAlphaConfig:
+        if self.low > self.high:
+            raise ValueError(f"low {self.low} must be <= high {self.high}")
+        return self
+
+
+class BetaAlphaConfig(_Strict):
+    dist: Literal["beta"]
+    mean: float = Field(gt=0.0, lt=1.0)
+    std: float = Field(gt=0.0)
+
+    @model_validator(mode="after")
+    def _feasible(self) -> BetaAlphaConfig:
+        limit = (self.mean * (1 - self.mean)) ** 0.5
+        if self.std >= limit:
+            raise ValueError(f"std must be < sqrt(mean (1 - mean)) = {limit:.4g} for a Beta "
+                             f"with mean {self.mean} (got {self.std})")
+        return self
+
+
+class SpeculativeConfig(_Strict):
+    """Speculative decoding (continuous batching): k drafts per decoding sequence per step.
+
+    `draft`: "ngram" (prompt lookup, near-zero cost) or a draft model, a catalogue
+    name or a mapping of model fields (`base:` plus overrides), priced by its own
+    roofline with `draft_overhead_ms` per pass; it must share the target's vocabulary.
+    `acceptance`: per-token acceptance probability alpha, fixed or drawn per request.
+    """
+
+    num_tokens: int = Field(0, ge=0, le=64, description="k draft tokens per step; 0 = off")
+    draft: str | dict[str, Any] = "ngram"
+    draft_overhead_ms: float | None = Field(
+        None, ge=0.0, description="model draft: fixed cost of each draft pass (default 0.1); "
+        "ngram: CPU cost per step (default 0)")
+    acceptance: Annotated[FixedAlphaConfig | UniformAlphaConfig | BetaAlphaConfig,
+                          Field(discriminator="dist")] = FixedAlphaConfig()
+
+    @field_validator("acceptance", mode="before")
+    @classmethod
+    def _fixed_by_default(cls, value: Any) -> Any:
+        """`acceptance: {alpha: 0.8}` (or `--set speculative.acceptance.alpha=0.8`) is fixed."""
+        if isinstance(value, Mapping) and "dist" not in value:
+            return {"dist": "fixed", **value}
+        return value
+
+    @field_validator("draft")
+    @classmethod
+    def _known_draft(cls, value: str | dict[str, Any]) -> str | dict[str, Any]:
+        if value != "ngram":
+            resolve_model(value)
+        return value
+
+    @property
+    def draft_spec(self) -> ModelSpec | None:
+        """The draft model, or None for n-gram drafting."""
+        return None if self.draft == "ngram" else resolve_model(self.draft)
 
 
 class RouterConfig(_Strict):
@@ -160,6 +273,8 @@ class Scenario(_Strict):
     output: OutputConfig = OutputConfig()
     replicas: int = Field(1, ge=1, description="identical replicas, each of hardware.count GPUs")
     router: RouterConfig = RouterConfig()
+    engine: EngineConfig = EngineConfig()
+    speculative: SpeculativeConfig = SpeculativeConfig()
 
     @field_validator("model")
     @classmethod
@@ -182,6 +297,43 @@ class Scenario(_Strict):
             if self.scheduler.preemption == "swap":
                 raise ValueError(f"scheduler.preemption: swap needs a paged KV pool, and "
                                  f"{policy} batching runs on {self.kv_mode}")
+        return self
+
+    @model_validator(mode="after")
+    def _max_model_len_fits_model(self) -> Scenario:
+        limit, model = self.scheduler.max_model_len, self.model_spec
+        if limit is not None and limit > model.max_context_tokens:
+            raise ValueError(f"scheduler.max_model_len: {limit} exceeds {model.name}'s maximum "
+                             f"context of {model.max_context_tokens} tokens (set at most that, "
+                             "or a model with a longer context, e.g. llama-3.1-8b)")
+        return self
+
+    @model_validator(mode="after")
+    def _speculation_suits(self) -> Scenario:
+        spec = self.speculative
+        if not spec.num_tokens:
+            return self
+        if self.scheduler.policy != "continuous":
+            raise ValueError(f"speculative.num_tokens: speculative decoding needs continuous "
+                             f"batching, got scheduler.policy {self.scheduler.policy!r} (set "
+                             "num_tokens 0 or policy continuous)")
+        draft = spec.draft_spec
+        if draft is not None and draft.vocab_size != self.model_spec.vocab_size:
+            raise ValueError(f"speculative.draft: the draft's vocabulary ({draft.vocab_size}) "
+                             f"must be the target's ({self.model_spec.vocab_size}) to verify "
+                             "its tokens")
+        if draft is not None:
+            try:
+                check_tp(draft, self.hardware.count)
+            except ValueError as err:
+                raise ValueError(f"speculative.draft: {err}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _latency_options_suit_model(self) -> Scenario:
+        problem = self.latency.problem()
+        if problem is not None:  # raised here so the report names latency.<field>
+            raise ValueError(problem)
         return self
 
     @property

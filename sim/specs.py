@@ -357,6 +357,9 @@ MODELS: Mapping[str, ModelSpec] = MappingProxyType({
                               num_experts=8, experts_per_token=2, rope_theta=1000000.0),
     # Real shapes are far too slow for CPU engine tests; this one runs in milliseconds.
     "tiny": ModelSpec("tiny", 2, 64, 4, 2, 16, 128, 256, 2048, False),
+    # A ~100M-parameter Llama shape: big enough that CPU engine timings mean something.
+    "llama-100m": ModelSpec("llama-100m", 12, 768, 12, 4, 64, 2048, 32000, 4096, True,
+                            rope_theta=500000.0),
 })
 
 _GIB = 1024**3

@@ -30,7 +30,8 @@ WALL_FIELDS = ("wall_s",)
 TABLE_METRICS = ("completed", "rejected", "request_throughput", "output_throughput",
                  "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
                  "request_goodput", "slo_attainment", "mean_batch_size", "slot_utilization",
-                 "kv_waste_fraction", "kv_waste_of_held", "total_preemptions")
+                 "kv_waste_fraction", "kv_waste_of_held", "total_preemptions",
+                 "max_num_running", "kv_blocks_total")
 SHORT_METRICS = ("completed", "request_throughput", "output_throughput", "p99_ttft_ms",
                  "p99_tpot_ms", "request_goodput", "slot_utilization", "kv_waste_of_held")
 
@@ -240,7 +241,12 @@ def sweep(path: str | Path, grid: dict[str, list[Any]], backend: Backend | None 
         row.update({m: result.get(m) for m in TABLE_METRICS})
         row["wall_s"] = result["wall_s"]
         rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    if plots and out_dir is not None:
+        from sim.compare_plots import plot_sweep  # lazy: matplotlib only when plotting
+
+        plot_sweep(table, list(grid), out_dir / "sweep.png")
+    return table
 
 
 def _cell(value: Any) -> Any:

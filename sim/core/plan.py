@@ -3,6 +3,22 @@
 A `StepPlan` is stored column-wise (one tuple per field, aligned by position)
 because the simulator builds one per engine step at batch sizes in the
 hundreds; `plan.seqs` gives the per-sequence `SeqWork` view when wanted.
+
+Speculative decoding (the scheduler's `speculative_tokens` = k > 0):
+- A decoding sequence is scheduled 1 + k_i new tokens: its last emitted token
+  plus k_i draft tokens, k_i = min(k, tokens it still has to emit - 1, token
+  budget left - 1), so nothing is drafted past its scripted output. Its
+  `context_tokens` is the KV before the step; KV slots are allocated for all
+  1 + k_i; `is_prefill` is False and `emits_token` True. `num_spec_tokens`
+  holds k_i per sequence (0 for prefills and plain decodes), or is empty when
+  no sequence of the step drafts, so plans without speculation are unchanged.
+- The world drafts k_i tokens per such sequence (a draft model's k_i
+  sequential passes, or prompt lookup), runs the target once over all 1 + k_i
+  positions and verifies: the sequence emits 1 + a_i tokens, a_i the accepted
+  drafts (0 <= a_i <= k_i; the +1 is the target's own token after the last
+  accepted draft). `StepResult.num_emitted` reports 1 + a_i.
+- The scheduler applies it: output done += 1 + a_i, computed = context + 1 +
+  a_i. The rejected drafts' KV slots roll back (the next step overwrites them).
 """
 
 from __future__ import annotations
@@ -25,6 +41,12 @@ class StepShape:
     # the transfer costs host-link time on top of the step's kernels
     swap_out_tokens: int = 0
     swap_in_tokens: int = 0
+    # speculative decoding: decodes that verify k_i >= 1 draft tokens (part of num_decodes),
+    # the sum and max of their k_i, and the sum of their contexts (tokens in KV before)
+    num_spec_decodes: int = 0
+    num_spec_tokens: int = 0
+    spec_depth: int = 0
+    spec_context_sum: int = 0
 
     @property
     def num_prefills(self) -> int:
@@ -36,8 +58,18 @@ class StepShape:
 
     @property
     def num_tokens(self) -> int:
-        """New tokens computed this step (prefill chunks plus one per decode)."""
-        return self.num_prefill_tokens + self.num_decodes
+        """New tokens computed this step (prefill chunks, one per decode, draft tokens)."""
+        return self.num_prefill_tokens + self.num_decodes + self.num_spec_tokens
+
+    @property
+    def decode_query_tokens(self) -> float:
+        """Mean query positions per decode: 1 + k for a speculative verify, else 1.
+
+        What a calibrated table keys multi-token decode shapes on (1 without decodes).
+        """
+        if not self.num_spec_tokens:
+            return 1.0
+        return 1.0 + self.num_spec_tokens / self.num_decodes
 
     @property
     def batch_size(self) -> int:
@@ -54,6 +86,7 @@ class SeqWork:
     block_ids: tuple[int, ...]
     is_prefill: bool
     emits_token: bool
+    num_spec_tokens: int = 0  # draft tokens among num_new_tokens (speculative decoding)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +101,16 @@ class StepPlan:
     emits_token: tuple[bool, ...]
     shape: StepShape
     preempted_ids: tuple[int, ...] = ()
+    # k_i per sequence: draft tokens among its num_new_tokens; () = none drafts this step
+    num_spec_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.request_ids)
         if not (len(self.num_new_tokens) == len(self.context_tokens) == len(self.block_tables)
                 == len(self.is_prefill) == len(self.emits_token) == n):
             raise ValueError("StepPlan columns must all have one entry per request")
+        if self.num_spec_tokens and len(self.num_spec_tokens) != n:
+            raise ValueError("StepPlan.num_spec_tokens must be empty or one entry per request")
 
     @property
     def batch_size(self) -> int:
@@ -85,8 +122,10 @@ class StepPlan:
 
     @property
     def seqs(self) -> Iterator[SeqWork]:
+        spec = self.num_spec_tokens or (0,) * len(self.request_ids)
         for fields in zip(self.request_ids, self.num_new_tokens, self.context_tokens,
-                          self.block_tables, self.is_prefill, self.emits_token, strict=True):
+                          self.block_tables, self.is_prefill, self.emits_token, spec,
+                          strict=True):
             yield SeqWork(*fields)
 
 
@@ -96,6 +135,12 @@ class StepResult:
 
     `token_ids` holds one sampled token per emitting sequence, in plan order;
     the simulator leaves it empty because its output lengths are scripted.
+
+    `num_emitted` (speculative decoding): per emitting sequence, in plan order,
+    the tokens it emitted, 1 + accepted drafts (1 <= n <= 1 + its k_i); empty =
+    one each. With it, `token_ids` holds every emitted token, sequence after
+    sequence (sum(num_emitted) of them) when the world samples real tokens.
     """
 
     token_ids: tuple[int, ...] = ()
+    num_emitted: tuple[int, ...] = ()

@@ -86,6 +86,27 @@ class Request:
         self.finish_s = now
         return True
 
+    def advance_speculative(self, num_new_tokens: int, num_emitted: int, now: float) -> bool:
+        """Apply a verified speculative decode: `num_emitted` = 1 + accepted drafts.
+
+        `num_new_tokens` is what the step computed (1 + drafts); the rejected drafts'
+        KV rolls back, so computed ends at context + num_emitted. True if it finished.
+        """
+        drafts = num_new_tokens - 1
+        if not 1 <= num_emitted <= 1 + drafts:
+            raise ValueError(f"request {self.request_id}: emitted {num_emitted} tokens from "
+                             f"a step with {drafts} draft tokens (allowed 1..{1 + drafts})")
+        if self.num_output_done + num_emitted > self.output_tokens:
+            raise ValueError(f"request {self.request_id}: emitted past its "
+                             f"{self.output_tokens} scripted output tokens")
+        self.num_computed_tokens += num_emitted
+        self.num_output_done += num_emitted
+        if self.num_output_done < self.output_tokens:
+            return False
+        self.state = RequestState.FINISHED
+        self.finish_s = now
+        return True
+
     def reject(self, reason: str, now: float) -> None:
         self.state = RequestState.REJECTED
         self.rejection_reason = reason

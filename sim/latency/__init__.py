@@ -6,6 +6,7 @@ from typing import Protocol, runtime_checkable
 
 from sim.core.plan import StepShape
 from sim.latency.roofline import RooflineLatency
+from sim.latency.table import TableLatency
 
 
 @runtime_checkable
@@ -19,4 +20,4 @@ class LatencyModel(Protocol):
         ...
 
 
-__all__ = ["LatencyModel", "RooflineLatency"]
+__all__ = ["LatencyModel", "RooflineLatency", "TableLatency"]

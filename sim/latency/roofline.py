@@ -8,6 +8,14 @@ reads the weights once however many tokens it computes.
 Swap preemption's KV transfers (StepShape.swap_*_tokens) go over the host link
 and are added to the step that carries them: kernels wait for swapped-in KV,
 and a swap-out must finish before its blocks are overwritten.
+
+A speculative verify (StepShape.num_spec_tokens > 0) runs the target over
+1 + k_i positions of each drafting sequence: k_i more matmul rows, logits and
+KV writes each, and the drafts' attention over the cached context plus the
+causal pairs among the new positions (k taken as the step's mean k_i). The
+KV is read once per sequence however many positions verify, which is why a
+memory-bound decode verifies drafts almost for free. The draft's own passes
+are priced by sim.speculative.SpeculativeLatency around this model.
 """
 
 from __future__ import annotations
@@ -125,15 +133,20 @@ class RooflineLatency:
         pairs += shape.decode_context_sum + decodes  # each decode also attends to itself
         seqs = len(shape.prefill_chunk_tokens) + decodes
         padding = max(0, shape.padded_batch - seqs)  # padded slots cost matmuls, not attention
-        rows = prefill_tokens + decodes + padding
+        drafts = shape.num_spec_tokens
+        if drafts:  # draft positions: over the context, after the last token and each other
+            mean_k = drafts / shape.num_spec_decodes
+            pairs += mean_k * shape.spec_context_sum + drafts * (mean_k + 3) * 0.5
+        rows = prefill_tokens + decodes + drafts + padding
         if rows == 0:
             return 0.0, 0.0, 0
-        flops = (rows * self._linear_flops_per_token + (seqs + padding)
+        flops = (rows * self._linear_flops_per_token + (seqs + padding + drafts)
                  * self._lm_head_flops_per_seq + pairs * self._attn_flops_per_pair)
         model = self.model
         touched = min(model.num_experts, rows * model.experts_per_token)
         num_bytes = (self._dense_weight_bytes + touched * self._expert_bytes
-                     + (kv_read_tokens + prefill_tokens + decodes) * self._kv_bytes_per_token
+                     + (kv_read_tokens + prefill_tokens + decodes + drafts)
+                     * self._kv_bytes_per_token
                      + rows * self._act_bytes_per_token)
         return flops, num_bytes, rows
 

@@ -37,7 +37,8 @@ from sim.workload.schema import (
     UniformConfig,
     WorkloadConfig,
 )
-from sim.workload.traces import Trace, TraceFormat, read_trace
+from sim.workload.text import trace_lengths, workload_tokenizer
+from sim.workload.traces import Trace, TraceFormat, detect_format, read_trace
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_TRACES = {"synthetic_conv": "data/synthetic_conv.csv"}
@@ -59,11 +60,21 @@ def resolve_trace_path(path: str, base_dir: Path | None = None) -> Path:
 
 
 def load_trace(
-    path: str, fmt: TraceFormat | None, time_scale: float = 1.0, base_dir: Path | None = None
+    path: str,
+    fmt: TraceFormat | None,
+    time_scale: float = 1.0,
+    base_dir: Path | None = None,
+    tokenizer: str | None = None,
 ) -> Trace:
-    """Read a trace by config path, including the shipped `builtin:` ones."""
+    """Read a trace by config path, including the shipped `builtin:` ones.
+
+    A text trace's prompts are tokenized with `tokenizer` (`workload.tokenizer`).
+    """
     if not path.startswith(BUILTIN_PREFIX):
-        return read_trace(resolve_trace_path(path, base_dir), fmt, time_scale)
+        real_path = resolve_trace_path(path, base_dir)
+        is_text = (fmt or detect_format(real_path)) == "text"
+        tok = workload_tokenizer(tokenizer, base_dir) if is_text else None
+        return read_trace(real_path, fmt, time_scale, tok)
     name = path.removeprefix(BUILTIN_PREFIX)
     if name not in BUILTIN_TRACES:
         raise FileNotFoundError(f"unknown builtin trace {name!r}; have {sorted(BUILTIN_TRACES)}")
@@ -72,7 +83,9 @@ def load_trace(
         return read_trace(real_path, fmt or "csv", time_scale)
 
 
-def length_spec(cfg: LengthConfig, column: str, base_dir: Path | None = None) -> LengthSpec:
+def length_spec(
+    cfg: LengthConfig, column: str, base_dir: Path | None = None, tokenizer: str | None = None
+) -> LengthSpec:
     """The pure sampling spec for a length config; `column` is the default trace column."""
     dist: LengthDist
     match cfg:
@@ -87,9 +100,8 @@ def length_spec(cfg: LengthConfig, column: str, base_dir: Path | None = None) ->
         case EmpiricalConfig(values=list() as values):
             dist = Empirical(tuple(values))
         case EmpiricalConfig(trace=str() as trace_path):
-            trace = load_trace(trace_path, cfg.format, base_dir=base_dir)
-            which = cfg.column or column
-            lengths = trace.prompt_tokens if which == "prompt" else trace.output_tokens
+            trace = load_trace(trace_path, cfg.format, base_dir=base_dir, tokenizer=tokenizer)
+            lengths = trace_lengths(trace, cfg.column or column)
             dist = Empirical(tuple(lengths.tolist()))
         case _:
             raise TypeError(f"not a length config: {cfg!r}")
@@ -124,15 +136,16 @@ def conversation_spec(cfg: WorkloadConfig, base_dir: Path | None = None) -> Conv
     conv, prompt, output = cfg.conversations, cfg.prompt_tokens, cfg.output_tokens
     if conv is None or prompt is None or output is None:
         raise ValueError("conversations need conversations, prompt_tokens and output_tokens")
+    tok = cfg.tokenizer
     turns = (
         LengthSpec(Fixed(conv.turns))
         if isinstance(conv.turns, int)
-        else length_spec(conv.turns, "prompt", base_dir)
+        else length_spec(conv.turns, "prompt", base_dir, tok)
     )
     return ConversationSpec(
-        first_prompt=length_spec(prompt, "prompt", base_dir),
-        output=length_spec(output, "output", base_dir),
-        user=length_spec(conv.user_tokens, "prompt", base_dir),
+        first_prompt=length_spec(prompt, "prompt", base_dir, tok),
+        output=length_spec(output, "output", base_dir, tok),
+        user=length_spec(conv.user_tokens, "prompt", base_dir, tok),
         turns=turns,
         think=think_time(conv.think_time_s),
         assumed_tpot_s=conv.assumed_tpot_s,

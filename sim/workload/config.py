@@ -35,6 +35,7 @@ from sim.workload.schema import (
     TraceConfig,
     WorkloadConfig,
 )
+from sim.workload.text import TextTrace, check_fill, text_requests
 from sim.workload.traces import MOONCAKE_UNIT_TOKENS, Trace
 
 __all__ = [
@@ -134,7 +135,18 @@ def make_requests(
     limit = cfg.num_requests if cfg.num_requests is not None else math.inf
     end_s = cfg.duration_s if cfg.duration_s is not None else math.inf
     if cfg.trace is not None:
-        trace = load_trace(cfg.trace.path, cfg.trace.format, cfg.trace.time_scale, base_dir)
+        trace = load_trace(
+            cfg.trace.path, cfg.trace.format, cfg.trace.time_scale, base_dir, cfg.tokenizer
+        )
+        fill_arrivals = arrival_process(cfg.arrivals) if cfg.arrivals is not None else None
+        fill_output = (
+            length_spec(cfg.output_tokens, "output", base_dir, cfg.tokenizer)
+            if cfg.output_tokens is not None
+            else None
+        )
+        check_fill(trace, fill_arrivals, fill_output)
+        if isinstance(trace, TextTrace):
+            return text_requests(trace, fill_arrivals, fill_output, seed, limit, end_s, chunk_size)
         if trace.num_prefix_mismatched:
             warnings.warn(
                 f"{trace.source}: {trace.num_prefix_mismatched} rows carry a number of "
@@ -152,8 +164,8 @@ def make_requests(
         return (turn.request for turn in turns)
     return _synthetic(
         process,
-        length_spec(cfg.prompt_tokens, "prompt", base_dir),
-        length_spec(cfg.output_tokens, "output", base_dir),
+        length_spec(cfg.prompt_tokens, "prompt", base_dir, cfg.tokenizer),
+        length_spec(cfg.output_tokens, "output", base_dir, cfg.tokenizer),
         shared_prefix_spec(cfg),
         seed,
         limit,

@@ -183,6 +183,11 @@ class WorkloadConfig(_Strict):
     conversations: ConversationsConfig | None = None
     num_requests: Annotated[int, Field(ge=1)] | None = None
     duration_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    tokenizer: Annotated[str, Field(min_length=1)] | None = Field(
+        None,
+        description="tokenizer for text prompts (a JSONL trace with 'prompt'): byte (default), "
+        "mistral-v1, mistral-tekken, or a tokenizer.json path",
+    )
 
     @model_validator(mode="after")
     def _one_shape(self) -> WorkloadConfig:
@@ -193,14 +198,16 @@ class WorkloadConfig(_Strict):
         }
         given = [name for name, value in synthetic.items() if value is not None]
         if self.trace is not None:
+            # a text trace may take arrivals and output lengths from here for rows lacking them
             extras = [
                 name
-                for name in ("shared_prefix", "conversations")
+                for name in ("prompt_tokens", "shared_prefix", "conversations")
                 if getattr(self, name) is not None
             ]
-            if given or extras:
+            if extras:
                 raise ValueError(
-                    f"give either 'trace' or synthetic fields, not both: {given + extras}"
+                    f"give either 'trace' or synthetic fields, not both: {extras} "
+                    "(only 'arrivals' and 'output_tokens' may fill in what a text trace lacks)"
                 )
             return self
         if len(given) != len(synthetic):

@@ -25,11 +25,14 @@ import re
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-TraceFormat = Literal["azure", "mooncake", "csv"]
+if TYPE_CHECKING:
+    from sim.text import Tokenizer
+
+TraceFormat = Literal["azure", "mooncake", "csv", "text"]  # text: JSONL with a prompt
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 MOONCAKE_UNIT_TOKENS = 512
@@ -221,20 +224,30 @@ def _read_mooncake(
 def detect_format(path: Path) -> TraceFormat:
     """Guess the format from the extension and, for CSV, the header."""
     if path.suffix.lower() in (".jsonl", ".json"):
-        return "mooncake"
+        from sim.workload.text import is_text_jsonl
+
+        return "text" if is_text_jsonl(path) else "mooncake"
     with path.open(encoding="utf-8") as handle:
         header = handle.readline()
     return "azure" if "TIMESTAMP" in header else "csv"
 
 
-def read_trace(path: Path | str, fmt: TraceFormat | None = None, time_scale: float = 1.0) -> Trace:
-    """Load a whole trace, sorted by arrival, first arrival at 0, sped up by `time_scale`."""
+def read_trace(path: Path | str, fmt: TraceFormat | None = None, time_scale: float = 1.0,
+               tokenizer: Tokenizer | None = None) -> Trace:
+    """Load a whole trace, sorted by arrival, first arrival at 0, sped up by `time_scale`.
+
+    A text trace's prompts are tokenized with `tokenizer` (default: bytes).
+    """
     path = Path(path)
     if not (math.isfinite(time_scale) and time_scale > 0):
         raise ValueError(f"time_scale must be finite and > 0, got {time_scale}")
     if not path.is_file():
         raise FileNotFoundError(f"trace file not found: {path}")
     fmt = fmt or detect_format(path)
+    if fmt == "text":
+        from sim.workload.text import read_text_trace
+
+        return read_text_trace(path, tokenizer, time_scale)
     readers = {"azure": _read_azure, "mooncake": _read_mooncake, "csv": _read_plain}
     if fmt not in readers:
         raise ValueError(f"unknown trace format {fmt!r}; expected one of {sorted(readers)}")

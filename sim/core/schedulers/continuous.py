@@ -23,6 +23,17 @@ Two implementations of that rule give identical plans: a per-request path for
 small batches (cheapest there), and an array path (running_batch.py) whose
 cost per step barely grows with the batch; the scheduler switches between them
 with hysteresis on the running-set size.
+
+Speculative decoding (`speculative_tokens` = k > 0; the contract is in
+sim/core/plan.py): each decoding sequence is scheduled 1 + k_i tokens, k_i =
+min(k, output tokens still to emit - 1, token budget left - 1), with KV slots
+for all of them; on_step_done reads how many each emitted from
+`StepResult.num_emitted` and rolls the rejected drafts back (computed = context
++ emitted). The slots of rejected drafts stay in the table, as in vLLM: the
+next step writes its own 1 + k tokens there (a table never holds more than
+blocks_for(computed + k)), and every block is freed when the request finishes
+or is preempted. Speculation runs on the per-request path only: the array path
+assumes one token per decode; with k = 0 nothing changes.
 """
 
 from __future__ import annotations
@@ -49,8 +60,8 @@ class ContinuousScheduler:
     def __init__(self, kv: KVManager, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, chunked_prefill: bool = True,
                  max_model_len: int | None = None, vectorize_at: int = 24,
-                 max_output_tokens: int | None = None, preemption: str = "recompute"
-                 ) -> None:
+                 max_output_tokens: int | None = None, preemption: str = "recompute",
+                 speculative_tokens: int = 0) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < max_num_seqs:
@@ -84,6 +95,20 @@ class ContinuousScheduler:
         self._swap_out_pending = 0  # slots swapped out, charged to the next plan built
         self.num_recomputed_tokens = 0  # computed tokens dropped by recompute preemption
         self.num_swap_fallbacks = 0  # swap preemptions that found the host pool full
+        # read-only: the last admission stopped for lack of KV blocks (TTFT diagnosis)
+        self.kv_blocked = False
+        self.speculative_tokens = speculative_tokens
+
+    @property
+    def speculative_tokens(self) -> int:
+        """k: draft tokens proposed per decoding sequence per step (0 = no speculation)."""
+        return self._spec_k
+
+    @speculative_tokens.setter
+    def speculative_tokens(self, k: int) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"speculative_tokens must be an integer >= 0, got {k!r}")
+        self._spec_k = k
 
     # -- queries -------------------------------------------------------------
     @property
@@ -138,6 +163,12 @@ class ContinuousScheduler:
 
     def schedule(self, now: float) -> StepPlan | None:
         batch, n = self._batch, len(self.running)
+        if self._spec_k:  # speculation runs on the per-request path only
+            if batch is not None:
+                batch.sync()
+                batch.pending = None
+                self._batch = None
+            return self._schedule_each(now)
         if batch is None:
             if n >= self.vectorize_at:
                 self._batch = RunningBatch(self.running, self.kv)
@@ -172,11 +203,17 @@ class ContinuousScheduler:
         step = PlanBuilder()
         preempted: list[int] = []
 
+        spec_k = self._spec_k
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             computed = req.num_computed_tokens
             new = min(req.prompt_tokens + req.num_output_done - computed, budget)
+            spec = 0
+            if spec_k and req.num_output_done and computed == req.num_known_tokens - 1:
+                # a decode: its last token plus k_i drafts, never past its scripted output
+                spec = min(spec_k, req.output_tokens - req.num_output_done - 1, budget - 1)
+                new += spec
             table = kv.append_slots(req.request_id, computed + new)
             while table is None:
                 victim = running.pop()
@@ -187,7 +224,7 @@ class ContinuousScheduler:
                 table = kv.append_slots(req.request_id, computed + new)
             if table is None:
                 break  # the request preempted itself: everyone after it is gone too
-            step.add(req, new, table)
+            step.add(req, new, table, spec)
             budget -= new
             i += 1
 
@@ -204,6 +241,7 @@ class ContinuousScheduler:
 
     def _admit(self, budget: int, step: PlanBuilder, now: float) -> None:
         """Admit waiting requests FCFS while budget, seats and blocks last."""
+        self.kv_blocked = False
         kv, waiting, running, batch = self.kv, self.waiting, self.running, self._batch
         reserve_tokens, prefix_cache = self.limits.reserve_tokens, self._prefix_cache
         paged = self._paged if self._swap else None
@@ -224,6 +262,7 @@ class ContinuousScheduler:
                 assert paged is not None
                 moved = paged.swap_in(req.request_id, computed + new, bool(running))
                 if moved < 0:
+                    self.kv_blocked = True
                     break
                 step.swap_in_tokens += moved * kv.block_size
             else:
@@ -231,6 +270,7 @@ class ContinuousScheduler:
                                    reserve_tokens=reserve_tokens(req),
                                    request=req if prefix_cache else None)
                 if hits < 0:
+                    self.kv_blocked = True
                     break
                 if hits:  # only from zero computed tokens: the lookup above saw the same
                     req.num_computed_tokens = hits
@@ -274,16 +314,48 @@ class ContinuousScheduler:
             self._batch = None
         in_flight = self._in_flight
         finished: list[Request] = []
-        for rid, new, emits in zip(plan.request_ids, plan.num_new_tokens, plan.emits_token,
-                                   strict=True):
-            req = in_flight[rid]
-            if req.advance(new, emits, now):
-                self.kv.free(rid)
-                del in_flight[rid]
-                finished.append(req)
+        if plan.num_spec_tokens or result.num_emitted:
+            self._apply_speculative(plan, result, now, finished)
+        else:
+            for rid, new, emits in zip(plan.request_ids, plan.num_new_tokens, plan.emits_token,
+                                       strict=True):
+                req = in_flight[rid]
+                if req.advance(new, emits, now):
+                    self.kv.free(rid)
+                    del in_flight[rid]
+                    finished.append(req)
         if finished:
             self.running[:] = [r for r in self.running if r.state is RequestState.RUNNING]
         return finished
+
+    def _apply_speculative(self, plan: StepPlan, result: StepResult, now: float,
+                           finished: list[Request]) -> None:
+        """on_step_done for a plan with drafts: each emitting sequence emitted num_emitted[j]."""
+        emitted = result.num_emitted
+        num_emitting = plan.num_emitting
+        if emitted and len(emitted) != num_emitting:
+            raise ValueError(f"StepResult.num_emitted has {len(emitted)} entries for "
+                             f"{num_emitting} emitting sequences")
+        spec = plan.num_spec_tokens or (0,) * plan.batch_size
+        in_flight, j = self._in_flight, 0
+        for rid, new, emits, k in zip(plan.request_ids, plan.num_new_tokens, plan.emits_token,
+                                      spec, strict=True):
+            req = in_flight[rid]
+            count = 1
+            if emits and emitted:
+                count = emitted[j]
+                j += 1
+            if k:
+                done = req.advance_speculative(new, count, now)
+            elif count != 1:
+                raise ValueError(f"request {rid}: emitted {count} tokens from a step with no "
+                                 "draft tokens")
+            else:
+                done = req.advance(new, emits, now)
+            if done:
+                self.kv.free(rid)
+                del in_flight[rid]
+                finished.append(req)
 
     def _name_computed(self, plan: StepPlan) -> None:
         """Name the prompt blocks this step's prefills filled, so later requests can hit them."""

@@ -1,0 +1,146 @@
+"""`servesim calibrate profile|validate`: argument parsing and the user-facing messages.
+
+Torch and the engine load only when one of these commands runs (this module
+imports neither), so `servesim --help` and the simulator stay torch-free.
+User errors (bad values, missing files, a mismatched table) print one
+message naming the option and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
+
+
+def add_profile(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "profile", help="measure the engine's step cycle over a grid of step shapes",
+        description="Run the real engine over prefill-only, decode-only and mixed step "
+                    "shapes and write DIR/measurements.csv + DIR/metadata.json "
+                    "(then `servesim calibrate fit DIR`).")
+    p.add_argument("--model", required=True, help="catalogue model, e.g. tiny or llama-3-8b")
+    p.add_argument("--device", required=True, choices=("cpu", "cuda"))
+    p.add_argument("--out", required=True, help="table directory to write")
+    p.add_argument("--budget-s", type=_seconds, default=None, metavar="S",
+                   help="thin the grid to measure within S seconds (corners always kept)")
+    p.add_argument("--block-size", type=_positive_int, default=16)
+    p.add_argument("--max-num-batched-tokens", type=_positive_int, default=512, metavar="N",
+                   help="the scheduler's token budget: largest prefill chunk (default 512)")
+    p.add_argument("--max-num-seqs", type=_positive_int, default=32, metavar="N",
+                   help="largest batch (default 32)")
+    p.add_argument("--max-model-len", type=_positive_int, default=None, metavar="N",
+                   help="longest sequence profiled (default: the model's context)")
+    p.add_argument("--warmup", type=int, default=2, help="discarded steps per shape (default 2)")
+    p.add_argument("--repeats", type=_positive_int, default=7,
+                   help="timed steps per shape (default 7)")
+    p.add_argument("--threads", type=_positive_int, default=1,
+                   help="CPU: torch threads (default 1: steady timings on a shared machine)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    p.add_argument("--seed", type=int, default=0, help="random weights' seed")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_profile)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from calibrate.profile import ProfileSettings, profile_engine
+    from gpu_engine.setup import EngineSetupError
+    from sim.specs import get_model
+
+    try:
+        get_model(args.model)
+    except ValueError as err:
+        print(f"error: --model: {err}", file=sys.stderr)
+        return 2
+    settings = ProfileSettings(
+        model=args.model, device=args.device, block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len, budget_s=args.budget_s, warmup=args.warmup,
+        repeats=args.repeats, threads=args.threads, dtype=args.dtype, seed=args.seed)
+    problems = settings.problems()
+    if problems:
+        print("error: " + "; ".join(f"--{p.replace('_', '-')}" for p in problems),
+              file=sys.stderr)
+        return 2
+    try:
+        result = profile_engine(settings, args.out, show_progress=not args.quiet)
+    except EngineSetupError as err:
+        print(f"error: --device: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"error: --out: {args.out}: {err}", file=sys.stderr)
+        return 2
+    print(f"profiled {len(result.measurements)} of {result.grid_points} step shapes of "
+          f"{result.metadata.model_spec.name} on {result.metadata.device_name} in "
+          f"{result.measure_s:.1f} s (+{result.setup_s:.1f} s setup)"
+          + (f"; {len(result.skipped)} shapes did not form and were skipped"
+             if result.skipped else ""))
+    print(f"wrote {result.directory}/; next: servesim calibrate fit {result.directory}")
+    return 0
+
+
+def add_validate(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "validate", help="replay a scenario on the engine and in the simulator; fidelity report",
+        description="Serve the scenario's requests on the real engine (wall clock) and "
+                    "simulate the same requests with the table and with the roofline model; "
+                    "write a fidelity report (Markdown, JSON, CSV, plots).")
+    p.add_argument("scenario", help="scenario YAML (e.g. scenarios/calibrate_cpu.yaml)")
+    p.add_argument("--table", required=True, help="fitted calibration table directory")
+    p.add_argument("--out", default=None,
+                   help="report directory (default: results/<scenario name>_fidelity)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario field (repeatable)")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help="CPU: torch threads (default: the table's, as profiled)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_validate)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from calibrate.report import metrics_markdown, step_errors, steps_markdown, write_report
+    from calibrate.validate import validate_file
+    from gpu_engine.setup import EngineSetupError
+    from sim.latency.table_format import TableError
+    from sim.scenario import ScenarioError
+
+    try:
+        fidelity = validate_file(args.scenario, args.table, args.overrides, args.threads,
+                                 show_progress=not args.quiet)
+    except TableError as err:
+        print(f"error: --table: {err}", file=sys.stderr)
+        return 2
+    except (ScenarioError, EngineSetupError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as err:  # a missing trace, no room for KV
+        print(f"error: {args.scenario}: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.out or Path("results") / f"{fidelity.scenario.name}_fidelity")
+    write_report(fidelity, out, plots=not args.no_plots)
+    print(metrics_markdown(fidelity))
+    print()
+    print(steps_markdown(step_errors(fidelity.steps)))
+    print(f"wrote the fidelity report to {out}/")
+    return 0

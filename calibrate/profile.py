@@ -1,0 +1,273 @@
+"""`servesim calibrate profile`: the real engine's step cycle, measured over a grid of shapes.
+
+What a table must predict is what the simulator advances its clock by: the
+engine's whole cycle between one step's start and the next, because the
+engine runs steps back to back (Engine.step charges the host work between
+two steps to the second, so a replay's recorded durations tile its busy
+time). That cycle is scheduler.schedule + input preparation + kernels +
+sampling + emitting tokens + on_step_done + the replay's recording, and the
+host parts grow with the batch. So the profiler does not time kernels on
+synthetic tensors and add a guess for the rest: it drives the real Engine,
+with the real continuous scheduler and block manager, on crafted requests,
+and times `Engine.step` + `Engine.record`, exactly the work a replay does
+per step (arrivals included: the next request of a prefill point is added
+during the timed step, as a replay adds arrivals).
+
+Requests are brought into shape without running kernels (KV contents do not
+change a step's time): a stand-in runner emits token 0, and the scheduler's
+token budget is raised for that one untimed step, so B decodes at context C
+need one bookkeeping step, not B x C tokens of prefill; a chunk on a cached
+context gets its context the same way. Each point runs on a fresh scheduler
+and block manager over the same model and KV tensors; `warmup` steps are
+discarded (they also capture CUDA graphs) and `repeats` give the median and
+the p10/p90 spread of the cycle (wall) and of the kernels (device time).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from calibrate.grid import (
+    GridLimits,
+    GridPoint,
+    corners,
+    default_grid,
+    estimate_costs_s,
+    plan_within,
+)
+from calibrate.rig import Rig, build_rig, table_metadata
+from gpu_engine.engine import Engine, StepLog
+from sim.core.request import Request
+from sim.latency.table_format import Measurement, TableMetadata, write_measurements
+from sim.metrics import RunRecorder
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSettings:
+    """What to profile; `budget_s` bounds the grid's measuring time (None = the whole grid)."""
+
+    model: str = "tiny"
+    device: str = "cpu"
+    block_size: int = 16
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 32
+    max_model_len: int | None = None  # longest sequence profiled; None = the model's context
+    budget_s: float | None = None
+    warmup: int = 2
+    repeats: int = 7
+    threads: int | None = 1  # CPU torch threads (1 is steady on a shared machine); None = torch's
+    dtype: str = "auto"
+    seed: int = 0
+    cuda_graphs: bool = True
+
+    def problems(self) -> list[str]:
+        """'field: value, allowed' for every bad setting (empty when all are fine)."""
+        out = [f"{name}: must be an integer >= {low}, got {getattr(self, name)!r}"
+               for name, low in (("block_size", 1), ("max_num_batched_tokens", 1),
+                                 ("max_num_seqs", 1), ("warmup", 0), ("repeats", 1))
+               if not isinstance(getattr(self, name), int) or getattr(self, name) < low]
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            out.append(f"max_num_batched_tokens: must be >= max_num_seqs ({self.max_num_seqs}), "
+                       f"got {self.max_num_batched_tokens}")
+        if self.budget_s is not None and not (math.isfinite(self.budget_s) and self.budget_s > 0):
+            out.append(f"budget_s: must be a number of seconds > 0, got {self.budget_s!r}")
+        if self.threads is not None and self.threads < 1:
+            out.append(f"threads: must be >= 1, got {self.threads}")
+        if self.device not in ("cpu", "cuda"):
+            out.append(f"device: must be cpu or cuda, got {self.device!r}")
+        return out
+
+    @property
+    def steps_per_point(self) -> int:
+        """Steps a point's decodes live through: each repeat may need a shaping step."""
+        return 2 * (self.warmup + self.repeats) + 2
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileResult:
+    directory: Path
+    metadata: TableMetadata
+    measurements: tuple[Measurement, ...]
+    grid_points: int  # in the full grid, before thinning
+    skipped: tuple[GridPoint, ...]  # measured but not in the intended shape (e.g. preempted)
+    measure_s: float  # time spent measuring the grid (what budget_s bounds)
+    setup_s: float  # building the model, KV cache and warm-up
+
+
+class _NoKernels:
+    """Stands in for the ModelRunner while requests are shaped: no kernels, token 0 each."""
+
+    def prepare(self, new_token_ids: list[list[int]], context_tokens: tuple[int, ...],
+                block_tables: tuple[tuple[int, ...], ...], emits_token: tuple[bool, ...],
+                min_seqs: int = 0) -> int:
+        return sum(emits_token)
+
+    def execute(self, inputs: int, sample: Callable[[torch.Tensor], torch.Tensor]
+                ) -> tuple[list[int], float]:
+        return [0] * inputs, 0.0
+
+
+@contextmanager
+def torch_threads(threads: int | None):  # noqa: ANN201 - a context manager
+    """Run with `threads` intra-op threads (None: leave torch's setting), then restore."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class _PointRun:
+    """One grid point on a fresh scheduler: shape the requests, then time steps."""
+
+    def __init__(self, rig: Rig, point: GridPoint, steps_per_point: int) -> None:
+        self.engine: Engine = rig.fresh_engine()
+        self.runner = self.engine.runner
+        self.point = point
+        self.recorder = RunRecorder()
+        self.ids = itertools.count()
+        self.decode_output = steps_per_point + 1
+        self.budget = self.engine.scheduler.max_num_batched_tokens  # type: ignore[attr-defined]
+
+    def _add(self, prompt_tokens: int, output_tokens: int) -> None:
+        request = Request(next(self.ids), 0.0, prompt_tokens, output_tokens)
+        if not self.engine.add_request(request):
+            raise RuntimeError(f"profile: request of {prompt_tokens} + {output_tokens} tokens "
+                               f"refused: {request.rejection_reason}")
+
+    def _shaping_step(self, budget_tokens: int) -> None:
+        """One untimed step without kernels under a temporary token budget."""
+        scheduler = self.engine.scheduler
+        scheduler.max_num_batched_tokens = budget_tokens  # type: ignore[attr-defined]
+        self.engine.runner = _NoKernels()  # type: ignore[assignment]
+        try:
+            outcome = self.engine.step()
+            if outcome is None:
+                raise RuntimeError("profile: nothing to schedule while shaping a step")
+            self.engine.record(*outcome, self.recorder)
+        finally:
+            self.engine.runner = self.runner
+            scheduler.max_num_batched_tokens = self.budget  # type: ignore[attr-defined]
+
+    def _timed_step(self, arrivals: Callable[[float], None] | None) -> tuple[float, StepLog]:
+        started = time.perf_counter()
+        outcome = self.engine.step(arrivals)
+        if outcome is None:
+            raise RuntimeError("profile: nothing to schedule for a timed step")
+        self.engine.record(*outcome, self.recorder)
+        return time.perf_counter() - started, self.engine.steps[-1]
+
+    def run(self, warmup: int, repeats: int) -> tuple[list[float], list[StepLog]]:
+        p = self.point
+        if p.num_decodes:  # decoders: every prompt prefilled in one step, first token out
+            for context in p.decode_contexts:
+                self._add(context, self.decode_output)
+            self._shaping_step(sum(p.decode_contexts))
+        chunk_prompt = p.chunk_context + p.chunk_tokens
+
+        def arrive(_now_s: float) -> None:
+            self._add(chunk_prompt, 1)  # the next repeat's chunk arrives during this step
+
+        if p.chunk_tokens:
+            self._add(chunk_prompt, 1)
+        walls, logs = [], []
+        for _ in range(warmup + repeats):
+            if p.chunk_tokens and p.chunk_context:
+                self._shaping_step(p.num_decodes + p.chunk_context)
+            wall_s, log = self._timed_step(arrive if p.chunk_tokens else None)
+            walls.append(wall_s)
+            logs.append(log)
+        return walls[warmup:], logs[warmup:]
+
+
+def _matches(point: GridPoint, log: StepLog) -> bool:
+    shape = log.shape
+    chunks = (point.chunk_tokens,) if point.chunk_tokens else ()
+    return (shape.prefill_chunk_tokens == chunks and shape.num_decodes == point.num_decodes
+            and not shape.swap_out_tokens)
+
+
+def to_measurement(walls_s: list[float], logs: list[StepLog]) -> Measurement:
+    """Median and p10/p90 of the cycle (wall) and kernel (device) times; the middle shape."""
+    shape = logs[len(logs) // 2].shape
+    kind = "mixed" if shape.prefill_chunk_tokens and shape.num_decodes else (
+        "prefill" if shape.prefill_chunk_tokens else "decode")
+    wall = np.percentile(np.array(walls_s) * 1e3, [50, 10, 90])
+    device = np.percentile(np.array([g.device_s for g in logs]) * 1e3, [50, 10, 90])
+    device = device if (device > 0).all() else np.full(3, math.nan)
+    return Measurement(kind, shape.prefill_chunk_tokens, shape.prefill_context_tokens,
+                       shape.num_decodes, shape.decode_context_sum, shape.decode_context_max,
+                       shape.padded_batch, 1, len(walls_s), *map(float, device),
+                       *map(float, wall))
+
+
+def profile_engine(settings: ProfileSettings, out_dir: str | Path,
+                   show_progress: bool = True) -> ProfileResult:
+    """Measure the grid (thinned to `budget_s`) and write the table's measurements + metadata."""
+    problems = settings.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    with torch_threads(settings.threads if settings.device == "cpu" else None):
+        started = time.perf_counter()
+        rig = build_rig(settings)
+        limits = GridLimits(settings.max_num_batched_tokens, settings.max_num_seqs,
+                            rig.max_model_len, rig.pool_tokens, settings.steps_per_point)
+        grid = default_grid(limits)
+        setup_s = time.perf_counter() - started
+        rows, skipped, measure_s = _measure_grid(rig, grid, settings, show_progress)
+        threads = torch.get_num_threads()
+    notes = (f"torch_threads={threads}; warmup {settings.warmup}, repeats {settings.repeats}; "
+             f"{len(rows)} of {len(grid)} grid points in {measure_s:.0f} s"
+             + (f" (budget {settings.budget_s:g} s)" if settings.budget_s else "")
+             + "; wall = the engine's whole step cycle (Engine.step + Engine.record)")
+    metadata = table_metadata(rig, settings, notes)
+    directory = write_measurements(out_dir, rows, metadata)
+    return ProfileResult(directory, metadata, tuple(rows), len(grid), tuple(skipped),
+                         measure_s, setup_s)
+
+
+def _measure_grid(rig: Rig, grid: list[GridPoint], settings: ProfileSettings,
+                  show_progress: bool) -> tuple[list[Measurement], list[GridPoint], float]:
+    """Corners first (they calibrate the cost estimate), then the rest, re-thinned each point."""
+    first = corners(grid)
+    pending = [i for i in range(len(grid)) if i not in set(first)]
+    spent_s: dict[int, float] = {}
+    rows: list[Measurement] = []
+    skipped: list[GridPoint] = []
+    started = time.perf_counter()
+    with tqdm(total=len(grid), unit="shape", desc="profiling", disable=not show_progress,
+              leave=False) as bar:
+        queue = list(first)
+        while queue or pending:
+            if not queue:
+                if settings.budget_s is not None:
+                    left_s = settings.budget_s - (time.perf_counter() - started)
+                    pending = plan_within(pending, estimate_costs_s(grid, spent_s), left_s)
+                    bar.total = len(spent_s) + len(pending)
+                    bar.refresh()
+                if not pending:
+                    break
+                queue.append(pending.pop(0))
+            index = queue.pop(0)
+            point_started = time.perf_counter()
+            walls, logs = _PointRun(rig, grid[index], settings.steps_per_point).run(
+                settings.warmup, settings.repeats)
+            spent_s[index] = time.perf_counter() - point_started
+            if all(_matches(grid[index], log) for log in logs):
+                rows.append(to_measurement(walls, logs))
+            else:
+                skipped.append(grid[index])
+            bar.update()
+    return rows, skipped, time.perf_counter() - started

@@ -1,0 +1,217 @@
+"""`servesim calibrate validate`: one workload on the real engine and in the simulator.
+
+The engine serves the scenario's requests on the wall clock with real
+arrivals; the simulator replays the same requests (`make_requests` with the
+scenario's seed) twice, with the calibration table and with the roofline
+model, so the report shows both what the table gets right and what
+calibration buys over the default. Per step, every shape the engine ran is
+priced by both models against its measured duration (which, back to back,
+is the engine's whole step cycle: what the simulator's clock advances by).
+
+The engine runs with the table's torch thread count (recorded by `profile`),
+and on CUDA every decode graph the workload can need is captured before the
+first arrival, so no capture stalls a measured step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from calibrate.profile import torch_threads
+from gpu_engine.engine import StepLog, WallClock
+from gpu_engine.runner import ModelRunner, block_width_bucket
+from gpu_engine.sampling import SamplingParams
+from gpu_engine.setup import build_engine
+from sim.core.request import Request
+from sim.des import ReplicaSetup
+from sim.latency import LatencyModel
+from sim.latency.table_format import TableMetadata, load_table
+from sim.metrics import RunRecorder
+from sim.run import RunResult, build_latency, run_scenario, summarize
+from sim.scenario import LatencyConfig, Scenario, load_scenario
+from sim.workload import make_requests
+
+# (summary key, label, unit): the metrics the fidelity report compares
+METRICS: tuple[tuple[str, str, str], ...] = (
+    ("request_throughput", "Request throughput", "req/s"),
+    ("output_throughput", "Output token throughput", "tok/s"),
+    ("median_ttft_ms", "TTFT p50", "ms"),
+    ("p90_ttft_ms", "TTFT p90", "ms"),
+    ("p99_ttft_ms", "TTFT p99", "ms"),
+    ("median_tpot_ms", "TPOT p50", "ms"),
+    ("p90_tpot_ms", "TPOT p90", "ms"),
+    ("median_e2el_ms", "E2EL p50", "ms"),
+    ("p90_e2el_ms", "E2EL p90", "ms"),
+)
+
+
+def relative_error_pct(simulated: float, measured: float) -> float:
+    """Signed error of the simulator against the engine, in percent of the engine's value."""
+    if not (math.isfinite(simulated) and math.isfinite(measured)) or measured == 0:
+        return math.nan
+    return (simulated - measured) / abs(measured) * 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class MetricComparison:
+    key: str
+    label: str
+    unit: str
+    engine: float
+    table: float
+    roofline: float
+
+    @property
+    def table_error_pct(self) -> float:
+        return relative_error_pct(self.table, self.engine)
+
+    @property
+    def roofline_error_pct(self) -> float:
+        return relative_error_pct(self.roofline, self.engine)
+
+
+@dataclass(frozen=True, slots=True)
+class Fidelity:
+    """Engine vs simulator on one workload; `steps` prices every engine step with both models."""
+
+    scenario: Scenario
+    table_dir: Path
+    metadata: TableMetadata
+    metrics: tuple[MetricComparison, ...]
+    engine: RunResult
+    table: RunResult
+    roofline: RunResult
+    steps: pd.DataFrame
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def metric(self, key: str) -> MetricComparison:
+        for m in self.metrics:
+            if m.key == key:
+                return m
+        raise KeyError(f"no metric {key!r}; known: {', '.join(m.key for m in self.metrics)}")
+
+
+def table_threads(metadata: TableMetadata) -> int | None:
+    """The torch thread count the table was profiled with (None when not recorded)."""
+    found = re.search(r"torch_threads=(\d+)", metadata.notes)
+    return int(found.group(1)) if found else None
+
+
+def _capture_graphs(runner: ModelRunner, requests: Sequence[Request], block_size: int) -> int:
+    """Capture every decode graph (batch bucket x block-table width) the requests can reach."""
+    if not runner.use_graphs or not requests:
+        return 0
+    longest = max(r.prompt_tokens + r.output_tokens for r in requests)
+    need = block_width_bucket(math.ceil(longest / block_size), runner.max_blocks_per_seq)
+    widths, width = [], block_width_bucket(1, runner.max_blocks_per_seq)
+    while True:
+        widths.append(width)
+        if width >= need:
+            break
+        width = block_width_bucket(width + 1, runner.max_blocks_per_seq)
+    return runner.capture_all(tuple(widths))
+
+
+def replay_engine(scenario: Scenario, base_dir: Path | None, device: str,
+                  show_progress: bool = True) -> tuple[RunResult, tuple[StepLog, ...], float]:
+    """The scenario on the engine, wall clock; returns the run, its steps and the setup seconds."""
+    started = time.perf_counter()
+    setup = build_engine(scenario, base_dir, device=device)
+    engine = setup.engine
+    requests = list(make_requests(scenario.workload, scenario.seed, base_dir))
+    _capture_graphs(engine.runner, requests, scenario.kv.block_size)
+    if setup.device.type == "cuda":
+        torch.cuda.synchronize()
+    setup_s = time.perf_counter() - started
+    s = scenario.engine.sampling
+    sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+    recorder = RunRecorder()
+    engine.clock = WallClock()  # arrivals count from here, not from the engine's build
+    with tqdm(total=len(requests), unit="req", desc="engine", delay=2.0,
+              disable=not show_progress) as bar:
+        engine.replay(requests, recorder, sampling, on_done=bar.update)
+    wall_s = time.perf_counter() - started - setup_s
+    replica = ReplicaSetup(engine.scheduler, None, recorder, setup.kv_manager)  # type: ignore[arg-type]
+    summary = summarize(scenario, setup.budget, recorder, [replica])
+    summary["latency_model"] = setup.description
+    summary["simulation_wall_s"] = wall_s
+    result = RunResult(scenario, summary, recorder, setup.budget,
+                       setup.kv_manager.num_usable_blocks, setup.description, wall_s, (recorder,))
+    return result, tuple(engine.steps), setup_s
+
+
+def steps_table(steps: Sequence[StepLog], table: LatencyModel, roofline: LatencyModel
+                ) -> pd.DataFrame:
+    """One row per engine step: its shape, measured times and both models' predictions (ms)."""
+    rows = []
+    for s in steps:
+        shape = s.shape
+        chunks = shape.prefill_chunk_tokens
+        rows.append({
+            "start_s": s.start_s,
+            "kind": "mixed" if chunks and shape.num_decodes else (
+                "prefill" if chunks else "decode"),
+            "num_seqs": s.num_seqs,
+            "prefill_tokens": sum(chunks),
+            "prefill_context_tokens": sum(shape.prefill_context_tokens),
+            "num_decodes": shape.num_decodes,
+            "decode_context_sum": shape.decode_context_sum,
+            "measured_ms": s.duration_s * 1e3,
+            "wall_ms": s.wall_s * 1e3,
+            "device_ms": s.device_s * 1e3,
+            "table_ms": table.step_time(shape) * 1e3,
+            "roofline_ms": roofline.step_time(shape) * 1e3,
+        })
+    return pd.DataFrame(rows)
+
+
+def validate(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
+             threads: int | None = None, show_progress: bool = True) -> Fidelity:
+    """Engine replay, then the simulator with the table and with the roofline, compared."""
+    table_dir = Path(table_dir).resolve()
+    loaded = load_table(table_dir, scenario.model_spec, scenario.kv.block_size,
+                        scenario.hardware.count)  # refuses a mismatch before any work
+    with_table = scenario.model_copy(update={"latency": LatencyConfig(
+        model="table", path=str(table_dir))})
+    with_roofline = scenario.model_copy(update={"latency": LatencyConfig()})
+    threads = threads if threads is not None else table_threads(loaded.metadata)
+    load_before = os.getloadavg()
+    with torch_threads(threads if loaded.metadata.device_kind == "cpu" else None):
+        engine_run, steps, setup_s = replay_engine(scenario, base_dir,
+                                                   loaded.metadata.device_kind, show_progress)
+        used_threads = torch.get_num_threads()
+    load_after = os.getloadavg()
+    table_run = run_scenario(with_table, base_dir, show_progress=False)
+    roofline_run = run_scenario(with_roofline, base_dir, show_progress=False)
+    metrics = tuple(MetricComparison(key, label, unit, float(engine_run.summary[key]),
+                                     float(table_run.summary[key]),
+                                     float(roofline_run.summary[key]))
+                    for key, label, unit in METRICS)
+    frame = steps_table(steps, build_latency(with_table, base_dir),
+                        build_latency(with_roofline, base_dir))
+    info = {"torch_threads": used_threads, "load_avg_before": load_before,
+            "load_avg_after": load_after, "engine_setup_s": setup_s,
+            "engine_wall_s": engine_run.wall_s, "engine_steps": len(steps),
+            "table_model": table_run.latency_name, "roofline_model": roofline_run.latency_name,
+            "torch_version": torch.__version__, "engine": engine_run.latency_name,
+            "table_torch_version": loaded.metadata.torch_version}
+    return Fidelity(scenario, table_dir, loaded.metadata, metrics, engine_run, table_run,
+                    roofline_run, frame, info)
+
+
+def validate_file(path: str | Path, table_dir: str | Path, overrides: Sequence[str] = (),
+                  threads: int | None = None, show_progress: bool = True) -> Fidelity:
+    """`validate` on a scenario file (with `--set` overrides)."""
+    scenario, base_dir = load_scenario(path, overrides)
+    return validate(scenario, base_dir, table_dir, threads, show_progress)

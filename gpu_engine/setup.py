@@ -1,0 +1,135 @@
+"""Build the real engine for a scenario, from the same builders the simulator uses.
+
+The KV pool's size, the block manager and the scheduler come from sim.run's
+functions, so an engine replay and a simulation of the same scenario get the
+same number of blocks and the same scheduling code; only the step's duration
+differs (measured here, predicted there).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gpu_engine.engine import Engine
+from gpu_engine.kv_cache import PagedKVCache
+from gpu_engine.model import build_model
+from gpu_engine.runner import ModelRunner
+from sim.core.kv import KVBudget, KVManager
+from sim.latency import LatencyModel
+from sim.run import build_block_manager, build_scheduler, kv_budget
+from sim.scenario import Scenario
+from sim.specs import weights_bytes
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class EngineSetupError(ValueError):
+    """The scenario cannot run on this engine or machine (a user error, not a bug)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSetup:
+    engine: Engine
+    kv_manager: KVManager
+    budget: KVBudget
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def description(self) -> str:
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        return f"engine({name}, {str(self.dtype).removeprefix('torch.')})"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise EngineSetupError("engine.device: 'cuda' asked for, but torch sees no CUDA device "
+                               f"(torch {torch.__version__}); use 'cpu' or 'auto'")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+def available_memory_bytes() -> int:
+    """Host memory the engine may still take (MemAvailable where the OS tells it)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_fits(scenario: Scenario, num_blocks: int, device: torch.device,
+               dtype: torch.dtype) -> None:
+    """Refuse, before allocating, a model or KV pool larger than this machine's memory."""
+    spec = scenario.model_spec
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    weights = weights_bytes(spec, dtype_bytes=itemsize)
+    kv = 2 * spec.num_layers * num_blocks * scenario.kv.block_size * spec.num_kv_heads * \
+        spec.head_dim * itemsize
+    need = weights + kv
+    have = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else \
+        available_memory_bytes()
+    if need > 0.9 * have:
+        raise EngineSetupError(
+            f"model: {spec.name} needs {weights / 2**30:.1f} GiB of weights in "
+            f"{str(dtype).removeprefix('torch.')} plus {kv / 2**30:.1f} GiB of KV cache "
+            f"({num_blocks} blocks), but this {device.type} has {have / 2**30:.1f} GiB free; "
+            "use a smaller model (e.g. model: tiny), fewer kv.num_blocks, or a GPU")
+
+
+def build_engine(scenario: Scenario, base_dir: Path | None = None,
+                 latency: LatencyModel | None = None, device: str | None = None) -> EngineSetup:
+    """The engine for one replica of `scenario`; `latency` set = virtual clock."""
+    if scenario.replicas != 1:
+        raise EngineSetupError(f"replicas: the engine serves one replica, got {scenario.replicas}"
+                               "; set replicas: 1 (or simulate the fleet with `servesim run`)")
+    if scenario.scheduler.preemption != "recompute":
+        raise EngineSetupError(f"scheduler.preemption: the engine preempts by recompute only, "
+                               f"got {scenario.scheduler.preemption!r}")
+    spec = scenario.model_spec
+    if spec.is_moe:
+        raise EngineSetupError(f"model: {spec.name} is a mixture of experts; the engine runs "
+                               "dense Llama-architecture models only")
+    cfg = scenario.engine
+    torch_device = resolve_device(device or cfg.device)
+    dtype = resolve_dtype(cfg.dtype, torch_device)
+    budget = kv_budget(scenario)
+    try:
+        kv_manager = build_block_manager(scenario, budget)
+    except ValueError as err:
+        raise EngineSetupError(str(err)) from None
+    check_fits(scenario, kv_manager.num_blocks, torch_device, dtype)
+    scheduler = build_scheduler(scenario, kv_manager)
+    seed = scenario.seed if cfg.seed is None else cfg.seed
+    weights_dir = None
+    if cfg.weights is not None:
+        weights_dir = Path(cfg.weights)
+        if not weights_dir.is_absolute() and base_dir is not None:
+            weights_dir = base_dir / weights_dir
+        if not weights_dir.is_dir():
+            raise EngineSetupError(f"engine.weights: {weights_dir} is not a directory")
+    model = build_model(spec, torch_device, dtype, seed=seed, weights_dir=weights_dir)
+    cache = PagedKVCache.for_spec(spec, kv_manager.num_blocks, scenario.kv.block_size, dtype,
+                                  torch_device)
+    max_len = scenario.scheduler.max_model_len or spec.max_context_tokens
+    runner = ModelRunner(model, cache, torch_device, scenario.scheduler.max_num_seqs,
+                         math.ceil(max_len / scenario.kv.block_size), cfg.cuda_graphs)
+    if cfg.warmup:
+        runner.warmup()
+    engine = Engine(model, cache, scheduler, runner, seed=seed, latency=latency)
+    return EngineSetup(engine, kv_manager, budget, torch_device, dtype)
