@@ -76,7 +76,7 @@ class GridLimits:
     steps_per_point: int  # decode steps a point runs (its decodes' contexts grow that much)
 
     def fits(self, p: GridPoint) -> bool:
-        longest = max(p.chunk_context + p.chunk_tokens,
+        longest = max(p.chunk_context + p.chunk_tokens + 1,  # + its one output token
                       p.decode_context + self.steps_per_point + 1 if p.num_decodes else 0)
         seqs = p.num_decodes + (1 if p.chunk_tokens else 0)
         return (p.chunk_tokens + p.num_decodes <= self.max_num_batched_tokens

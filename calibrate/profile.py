@@ -19,14 +19,20 @@ token budget is raised for that one untimed step, so B decodes at context C
 need one bookkeeping step, not B x C tokens of prefill; a chunk on a cached
 context gets its context the same way. Each point runs on a fresh scheduler
 and block manager over the same model and KV tensors; `warmup` steps are
-discarded (they also capture CUDA graphs) and `repeats` give the median and
-the p10/p90 spread of the cycle (wall) and of the kernels (device time).
+discarded (they also capture CUDA graphs) and `repeats` samples give the
+median and the p10/p90 spread of the cycle (wall) and of the kernels (device
+time). A sample is the mean over a group of consecutive steps lasting about
+`sample_s` (at most `max_group` steps): the simulator adds step times up, so
+what it needs is a step's mean cost, and a group mean keeps the short
+stalls a shared machine inflicts on every step in it, at their real weight,
+while the median over samples still rejects a rare long one.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import random
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -65,6 +71,9 @@ class ProfileSettings:
     budget_s: float | None = None
     warmup: int = 2
     repeats: int = 7
+    sample_s: float | None = None  # a sample's length; None = 20 ms on CPU, 4 ms on CUDA
+    passes: int | None = None  # times the grid is measured; None = 3 on CPU, 1 on CUDA
+    max_group: int = 8  # most steps one sample averages
     threads: int | None = 1  # CPU torch threads (1 is steady on a shared machine); None = torch's
     dtype: str = "auto"
     seed: int = 0
@@ -74,7 +83,9 @@ class ProfileSettings:
         """'field: value, allowed' for every bad setting (empty when all are fine)."""
         out = [f"{name}: must be an integer >= {low}, got {getattr(self, name)!r}"
                for name, low in (("block_size", 1), ("max_num_batched_tokens", 1),
-                                 ("max_num_seqs", 1), ("warmup", 0), ("repeats", 1))
+                                 ("max_num_seqs", 1), ("warmup", 0), ("repeats", 1),
+                                 ("max_group", 1),
+                                 *((("passes", 1),) if self.passes is not None else ()))
                if not isinstance(getattr(self, name), int) or getattr(self, name) < low]
         if self.max_num_batched_tokens < self.max_num_seqs:
             out.append(f"max_num_batched_tokens: must be >= max_num_seqs ({self.max_num_seqs}), "
@@ -90,7 +101,19 @@ class ProfileSettings:
     @property
     def steps_per_point(self) -> int:
         """Steps a point's decodes live through: each repeat may need a shaping step."""
-        return 2 * (self.warmup + self.repeats) + 2
+        return 2 * (self.warmup + self.repeats * self.max_group) + 2
+
+    @property
+    def num_passes(self) -> int:
+        if self.passes is not None:
+            return self.passes
+        return 3 if self.device == "cpu" else 1
+
+    @property
+    def sample_seconds(self) -> float:
+        if self.sample_s is not None:
+            return self.sample_s
+        return 0.02 if self.device == "cpu" else 0.004
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +192,9 @@ class _PointRun:
         self.engine.record(*outcome, self.recorder)
         return time.perf_counter() - started, self.engine.steps[-1]
 
-    def run(self, warmup: int, repeats: int) -> tuple[list[float], list[StepLog]]:
+    def run(self, warmup: int, repeats: int, sample_s: float, max_group: int
+            ) -> tuple[list[float], list[float], list[StepLog]]:
+        """(wall samples, device samples, step logs): each sample a group's mean, seconds."""
         p = self.point
         if p.num_decodes:  # decoders: every prompt prefilled in one step, first token out
             for context in p.decode_contexts:
@@ -182,14 +207,21 @@ class _PointRun:
 
         if p.chunk_tokens:
             self._add(chunk_prompt, 1)
-        walls, logs = [], []
-        for _ in range(warmup + repeats):
+        def step() -> tuple[float, StepLog]:
             if p.chunk_tokens and p.chunk_context:
                 self._shaping_step(p.num_decodes + p.chunk_context)
-            wall_s, log = self._timed_step(arrive if p.chunk_tokens else None)
-            walls.append(wall_s)
-            logs.append(log)
-        return walls[warmup:], logs[warmup:]
+            return self._timed_step(arrive if p.chunk_tokens else None)
+
+        warm = [step()[0] for _ in range(warmup)]
+        group = 1 if not warm else min(max_group, max(1, math.ceil(
+            sample_s / max(float(np.median(warm)), 1e-6))))
+        walls, devices, logs = [], [], []
+        for _ in range(repeats):
+            runs = [step() for _ in range(group)]
+            walls.append(sum(w for w, _ in runs) / group)
+            devices.append(sum(g.device_s for _, g in runs) / group)
+            logs += [g for _, g in runs]
+        return walls, devices, logs
 
 
 def _matches(point: GridPoint, log: StepLog) -> bool:
@@ -199,13 +231,14 @@ def _matches(point: GridPoint, log: StepLog) -> bool:
             and not shape.swap_out_tokens)
 
 
-def to_measurement(walls_s: list[float], logs: list[StepLog]) -> Measurement:
-    """Median and p10/p90 of the cycle (wall) and kernel (device) times; the middle shape."""
+def to_measurement(walls_s: list[float], devices_s: list[float], logs: list[StepLog]
+                   ) -> Measurement:
+    """Median and p10/p90 of the cycle (wall) and kernel (device) samples; the middle shape."""
     shape = logs[len(logs) // 2].shape
     kind = "mixed" if shape.prefill_chunk_tokens and shape.num_decodes else (
         "prefill" if shape.prefill_chunk_tokens else "decode")
     wall = np.percentile(np.array(walls_s) * 1e3, [50, 10, 90])
-    device = np.percentile(np.array([g.device_s for g in logs]) * 1e3, [50, 10, 90])
+    device = np.percentile(np.array(devices_s) * 1e3, [50, 10, 90])
     device = device if (device > 0).all() else np.full(3, math.nan)
     return Measurement(kind, shape.prefill_chunk_tokens, shape.prefill_context_tokens,
                        shape.num_decodes, shape.decode_context_sum, shape.decode_context_max,
@@ -228,7 +261,9 @@ def profile_engine(settings: ProfileSettings, out_dir: str | Path,
         setup_s = time.perf_counter() - started
         rows, skipped, measure_s = _measure_grid(rig, grid, settings, show_progress)
         threads = torch.get_num_threads()
-    notes = (f"torch_threads={threads}; warmup {settings.warmup}, repeats {settings.repeats}; "
+    notes = (f"torch_threads={threads}; warmup {settings.warmup}, repeats {settings.repeats} "
+             f"samples, each the mean of up to {settings.max_group} consecutive steps lasting "
+             f"~{settings.sample_seconds * 1e3:g} ms, over {settings.num_passes} pass(es); "
              f"{len(rows)} of {len(grid)} grid points in {measure_s:.0f} s"
              + (f" (budget {settings.budget_s:g} s)" if settings.budget_s else "")
              + "; wall = the engine's whole step cycle (Engine.step + Engine.record)")
@@ -240,34 +275,57 @@ def profile_engine(settings: ProfileSettings, out_dir: str | Path,
 
 def _measure_grid(rig: Rig, grid: list[GridPoint], settings: ProfileSettings,
                   show_progress: bool) -> tuple[list[Measurement], list[GridPoint], float]:
-    """Corners first (they calibrate the cost estimate), then the rest, re-thinned each point."""
+    """Pass 1 measures the corners first (their times calibrate the cost estimate), then the
+    rest in a seeded random order, re-thinned to the budget before each point; later passes
+    re-measure pass 1's points in new random orders. Random order and passes turn a shared
+    machine's slow load swings into scatter around each point, not a bias on neighbours."""
+    rng = random.Random(settings.seed)
+    passes = settings.num_passes
     first = corners(grid)
     pending = [i for i in range(len(grid)) if i not in set(first)]
-    spent_s: dict[int, float] = {}
-    rows: list[Measurement] = []
-    skipped: list[GridPoint] = []
+    rng.shuffle(pending)
+    spent_s: dict[int, float] = {}  # one pass of a point, seconds
+    done: dict[int, int] = {}  # passes measured
+    samples: dict[int, tuple[list[float], list[float], list[StepLog]]] = {}
+    bad: set[int] = set()
     started = time.perf_counter()
-    with tqdm(total=len(grid), unit="shape", desc="profiling", disable=not show_progress,
-              leave=False) as bar:
-        queue = list(first)
-        while queue or pending:
-            if not queue:
-                if settings.budget_s is not None:
-                    left_s = settings.budget_s - (time.perf_counter() - started)
-                    pending = plan_within(pending, estimate_costs_s(grid, spent_s), left_s)
-                    bar.total = len(spent_s) + len(pending)
-                    bar.refresh()
-                if not pending:
-                    break
-                queue.append(pending.pop(0))
-            index = queue.pop(0)
-            point_started = time.perf_counter()
-            walls, logs = _PointRun(rig, grid[index], settings.steps_per_point).run(
-                settings.warmup, settings.repeats)
-            spent_s[index] = time.perf_counter() - point_started
-            if all(_matches(grid[index], log) for log in logs):
-                rows.append(to_measurement(walls, logs))
-            else:
-                skipped.append(grid[index])
-            bar.update()
-    return rows, skipped, time.perf_counter() - started
+
+    def measure(index: int) -> None:
+        point_started = time.perf_counter()
+        walls, devices, logs = _PointRun(rig, grid[index], settings.steps_per_point).run(
+            settings.warmup, settings.repeats, settings.sample_seconds, settings.max_group)
+        spent_s[index] = time.perf_counter() - point_started
+        done[index] = done.get(index, 0) + 1
+        if not all(_matches(grid[index], log) for log in logs):
+            bad.add(index)
+        kept = samples.setdefault(index, ([], [], []))
+        for into, values in zip(kept, (walls, devices, logs), strict=True):
+            into.extend(values)  # type: ignore[attr-defined]
+        bar.update()
+
+    def left_s() -> float:
+        return math.inf if settings.budget_s is None else \
+            settings.budget_s - (time.perf_counter() - started)
+
+    with tqdm(total=len(grid) * passes, unit="shape", desc="profiling", mininterval=1.0,
+              disable=not show_progress, leave=False) as bar:
+        for index in first:
+            measure(index)
+        while pending:
+            if settings.budget_s is not None:
+                costs = estimate_costs_s(grid, spent_s)
+                owed = sum((passes - done[i]) * costs[i] for i in done)
+                pending = plan_within(sorted(pending), costs * passes, left_s() - owed)
+                rng.shuffle(pending)
+                bar.total = (len(done) + len(pending)) * passes
+                bar.refresh()
+            if pending:
+                measure(pending.pop())
+        for _ in range(passes - 1):
+            again = sorted(done)
+            rng.shuffle(again)
+            for index in again:
+                if spent_s[index] <= left_s():
+                    measure(index)
+    rows = [to_measurement(*samples[i]) for i in sorted(samples) if i not in bad]
+    return rows, [grid[i] for i in sorted(bad)], time.perf_counter() - started

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -28,6 +28,7 @@ from gpu_engine.model import LlamaModel
 from gpu_engine.prompts import prompt_token_ids
 from gpu_engine.runner import ModelRunner
 from gpu_engine.sampling import SamplingParams, make_generator, sample
+from gpu_engine.speculative import Draft, DraftRequest, ModelDrafter, NgramDrafter, verify
 from sim.core.plan import StepPlan, StepResult, StepShape
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
@@ -35,6 +36,7 @@ from sim.latency import LatencyModel
 from sim.metrics import RunRecorder
 
 _SEED_STRIDE = 1_000_003  # per-request sampling seeds: engine seed x stride + request id
+_SPIN_S = 0.002  # WallClock.wait_until busy-waits this long before its target
 GREEDY = SamplingParams()
 
 
@@ -61,6 +63,7 @@ class StepLog:
     shape: StepShape
     num_seqs: int
     kv_slots_held: int  # while the step ran (before finishers freed theirs)
+    num_emitted: tuple[int, ...] = ()  # speculative steps: tokens per emitting sequence
 
 
 @dataclass(slots=True, eq=False)
@@ -82,9 +85,13 @@ class WallClock:
         return time.perf_counter() - self._origin
 
     def wait_until(self, t_s: float) -> None:
-        delay_s = t_s - self.now()
+        """Sleep, then spin the last stretch: a loaded machine wakes a sleeper milliseconds
+        late, which would add to every idle arrival's TTFT (the simulator adds nothing)."""
+        delay_s = t_s - self.now() - _SPIN_S
         if delay_s > 0:
             time.sleep(delay_s)
+        while self.now() < t_s:
+            pass
 
 
 @dataclass(slots=True)
@@ -112,6 +119,7 @@ class Engine:
     latency: LatencyModel | None = None
     eos_id: int | None = None
     on_token: Callable[[TokenEvent], None] | None = None
+    drafter: NgramDrafter | ModelDrafter | None = None  # speculative decoding's proposer
     clock: WallClock | VirtualClock = field(init=False)
     steps: list[StepLog] = field(default_factory=list, init=False)
     _seqs: dict[int, _Sequence] = field(default_factory=dict, init=False)
@@ -149,6 +157,8 @@ class Engine:
         """Forget a finished request; returns its output ids."""
         out = self.output_ids(request_id)
         del self._seqs[request_id]
+        if self.drafter is not None:
+            self.drafter.forget(request_id)
         return out
 
     # -- steps -------------------------------------------------------------------
@@ -172,7 +182,7 @@ class Engine:
             self._busy_end_s = None
             return None
         held = self.scheduler.kv_slots_held
-        token_ids, device_s = self._execute(plan)
+        token_ids, counts, device_s = self._execute(plan)
         if self.latency is not None:
             duration_s = self.latency.step_time(plan.shape)
             self.clock.t_s = start_s + duration_s
@@ -182,41 +192,109 @@ class Engine:
             duration_s = end_s - start_s
         if arrivals is not None:
             arrivals(end_s)
-        self._emit(plan, token_ids, end_s)
-        finished = self.scheduler.on_step_done(plan, StepResult(tuple(token_ids)), end_s)
+        self._emit(plan, token_ids, counts, end_s)
+        result = StepResult(tuple(token_ids), counts)
+        finished = self.scheduler.on_step_done(plan, result, end_s)
         self.steps.append(StepLog(start_s, duration_s, time.perf_counter() - started,
-                                  device_s, plan.shape, plan.batch_size, held))
+                                  device_s, plan.shape, plan.batch_size, held, counts))
         return plan, finished
 
-    def _execute(self, plan: StepPlan) -> tuple[list[int], float]:
-        new_ids = [self._seqs[rid].token_ids[ctx:ctx + n] for rid, ctx, n in
-                   zip(plan.request_ids, plan.context_tokens, plan.num_new_tokens, strict=True)]
+    def _execute(self, plan: StepPlan) -> tuple[list[int], tuple[int, ...], float]:
+        """Run the plan; returns every emitted token (in plan order), per-sequence counts
+        (empty = one each, no speculation) and the device seconds."""
+        seqs = [self._seqs[rid] for rid in plan.request_ids]
+        new_ids = [s.token_ids[ctx:ctx + n] for s, ctx, n in
+                   zip(seqs, plan.context_tokens, plan.num_new_tokens, strict=True)]
+        if plan.num_spec_tokens:
+            return self._execute_speculative(plan, seqs, new_ids)
         inputs = self.runner.prepare(new_ids, plan.context_tokens, plan.block_tables,
                                      plan.emits_token, min_seqs=plan.shape.padded_batch)
-        emitting = [self._seqs[rid] for rid, e in zip(plan.request_ids, plan.emits_token,
-                                                     strict=True) if e]
+        emitting = [s for s, e in zip(seqs, plan.emits_token, strict=True) if e]
 
         def draw(logits: torch.Tensor) -> torch.Tensor:
             return sample(logits, [s.sampling for s in emitting],
                           [s.generator for s in emitting])
 
-        return self.runner.execute(inputs, draw)
+        token_ids, device_s = self.runner.execute(inputs, draw)
+        return token_ids, (), device_s
 
-    def _emit(self, plan: StepPlan, token_ids: list[int], now: float) -> None:
-        rids = (rid for rid, e in zip(plan.request_ids, plan.emits_token, strict=True) if e)
-        for rid, token in zip(rids, token_ids, strict=True):
+    def _execute_speculative(self, plan: StepPlan, seqs: list[_Sequence],
+                             new_ids: list[list[int]]
+                             ) -> tuple[list[int], tuple[int, ...], float]:
+        """Draft k_i tokens per speculating sequence, verify them all in one target pass."""
+        if self.drafter is None:
+            raise RuntimeError("the scheduler speculates but the engine has no drafter")
+        started = time.perf_counter()
+        for rid in plan.preempted_ids:
+            self.drafter.forget(rid)
+        ks = plan.num_spec_tokens
+        asks = [DraftRequest(s.request.request_id, s.token_ids, ctx, k, table, s.sampling,
+                             s.generator)
+                for s, ctx, k, table in zip(seqs, plan.context_tokens, ks, plan.block_tables,
+                                            strict=True) if k]
+        drafts = iter(self.drafter.propose(asks))
+        by_seq: list[Draft | None] = []
+        rows: list[int] = []  # logits rows: all 1 + k_i positions of a speculating sequence
+        start = 0
+        for i, (k, emits) in enumerate(zip(ks, plan.emits_token, strict=True)):
+            draft = next(drafts) if k else None
+            if draft is not None:
+                new_ids[i] = new_ids[i][:1] + list(draft.token_ids)
+            by_seq.append(draft)
+            end = start + len(new_ids[i])
+            if emits:
+                rows.extend(range(end - 1 - k, end))
+            start = end
+        inputs = self.runner.prepare(new_ids, plan.context_tokens, plan.block_tables,
+                                     plan.emits_token)
+        inputs = replace(inputs, logits_indices=torch.tensor(rows, device=inputs.token_ids.device))
+        counts: list[int] = []
+
+        def draw(logits: torch.Tensor) -> torch.Tensor:
+            out: list[int] = []
+            row = 0
+            for s, k, draft, emits in zip(seqs, ks, by_seq, plan.emits_token, strict=True):
+                if not emits:
+                    continue
+                if draft is None:
+                    token = sample(logits[row:row + 1], [s.sampling], [s.generator])
+                    emitted = [int(token[0])]
+                else:
+                    emitted = verify(logits[row:row + 1 + k], draft, s.sampling, s.generator)
+                    self.drafter.accepted(s.request.request_id, len(s.token_ids) - 1,
+                                          len(emitted) - 1, k)
+                out.extend(emitted)
+                counts.append(len(emitted))
+                row += 1 + k
+            return torch.tensor(out, dtype=torch.int64)
+
+        token_ids, _ = self.runner.execute(inputs, draw)
+        # the drafter's passes are kernels too: time the whole speculative step on the host
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize()
+        return token_ids, tuple(counts), time.perf_counter() - started
+
+    def _emit(self, plan: StepPlan, token_ids: list[int], counts: tuple[int, ...],
+              now: float) -> None:
+        rids = [rid for rid, e in zip(plan.request_ids, plan.emits_token, strict=True) if e]
+        tokens = iter(token_ids)
+        for rid, count in zip(rids, counts or (1,) * len(rids), strict=True):
             seq = self._seqs[rid]
-            seq.token_ids.append(token)
-            index = len(seq.token_ids) - seq.request.prompt_tokens - 1
-            finished = index + 1 >= seq.request.output_tokens
-            if seq.stopped:
-                continue
-            if seq.sampling.stop_at_eos and token == self.eos_id:
-                seq.stopped = finished = True
-            event = TokenEvent(rid, token, index, now, finished)
-            self._events.append(event)
-            if self.on_token is not None:
-                self.on_token(event)
+            for _ in range(count):
+                self._emit_one(seq, next(tokens), now)
+
+    def _emit_one(self, seq: _Sequence, token: int, now: float) -> None:
+        seq.token_ids.append(token)
+        index = len(seq.token_ids) - seq.request.prompt_tokens - 1
+        finished = index + 1 >= seq.request.output_tokens
+        if seq.stopped:
+            return
+        if seq.sampling.stop_at_eos and token == self.eos_id:
+            seq.stopped = finished = True
+        event = TokenEvent(seq.request.request_id, token, index, now, finished)
+        self._events.append(event)
+        if self.on_token is not None:
+            self.on_token(event)
 
     def stream(self) -> Iterator[TokenEvent]:
         """Step until nothing is left to run, yielding each token as its step ends."""
@@ -238,6 +316,8 @@ class Engine:
         recorder.record_step(log.start_s, log.duration_s, plan, self.scheduler.num_waiting,
                              self.scheduler.num_running, self.scheduler.kv_blocks_used,
                              log.kv_slots_held)
+        if getattr(self.scheduler, "speculative_tokens", 0):
+            recorder.record_speculation(plan, StepResult((), log.num_emitted))
         for request in finished:
             recorder.record_finished(request)
             self.release(request.request_id)

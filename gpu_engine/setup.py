@@ -19,6 +19,7 @@ from gpu_engine.engine import Engine
 from gpu_engine.kv_cache import PagedKVCache
 from gpu_engine.model import build_model
 from gpu_engine.runner import ModelRunner
+from gpu_engine.speculative import ModelDrafter, NgramDrafter
 from sim.core.kv import KVBudget, KVManager
 from sim.latency import LatencyModel
 from sim.run import build_block_manager, build_scheduler, kv_budget
@@ -92,6 +93,25 @@ def check_fits(scenario: Scenario, num_blocks: int, device: torch.device,
             "use a smaller model (e.g. model: tiny), fewer kv.num_blocks, or a GPU")
 
 
+def build_drafter(scenario: Scenario, num_blocks: int, device: torch.device,
+                  dtype: torch.dtype, seed: int) -> NgramDrafter | ModelDrafter | None:
+    """Speculative decoding's proposer: prompt lookup, or a random-weight draft model."""
+    spec = scenario.speculative
+    if not spec.num_tokens:
+        return None
+    draft_spec = spec.draft_spec
+    if draft_spec is None:
+        return NgramDrafter()
+    target = scenario.model_spec
+    if draft_spec.vocab_size != target.vocab_size:
+        raise EngineSetupError(f"speculative.draft: {draft_spec.name} has a vocabulary of "
+                               f"{draft_spec.vocab_size}, {target.name} of {target.vocab_size}; "
+                               "a draft must share the target's vocabulary")
+    model = build_model(draft_spec, device, dtype, seed=seed + 1)
+    kv = PagedKVCache.for_spec(draft_spec, num_blocks, scenario.kv.block_size, dtype, device)
+    return ModelDrafter(model, kv, device)
+
+
 def build_engine(scenario: Scenario, base_dir: Path | None = None,
                  latency: LatencyModel | None = None, device: str | None = None) -> EngineSetup:
     """The engine for one replica of `scenario`; `latency` set = virtual clock."""
@@ -131,5 +151,7 @@ def build_engine(scenario: Scenario, base_dir: Path | None = None,
                          math.ceil(max_len / scenario.kv.block_size), cfg.cuda_graphs)
     if cfg.warmup:
         runner.warmup()
-    engine = Engine(model, cache, scheduler, runner, seed=seed, latency=latency)
+    drafter = build_drafter(scenario, kv_manager.num_blocks, torch_device, dtype, seed)
+    engine = Engine(model, cache, scheduler, runner, seed=seed, latency=latency,
+                    drafter=drafter)
     return EngineSetup(engine, kv_manager, budget, torch_device, dtype)

@@ -9,7 +9,9 @@ same instant see the ones routed before them). After the last arrival every
 scheduler is closed (no more requests will come) and idle replicas are woken,
 so static batching launches its short last batch. Finished requests are handed
 to the recorders and dropped, so memory follows the requests in flight, not
-the requests done.
+the requests done. A replica's optional observer (sim.trace.StepObserver) sees
+each accepted arrival and each step just before it runs: the TTFT diagnosis
+and request tracing hang there.
 
 A fleet records each step and request twice: in its replica's recorder and
 in the fleet's. One replica records once and never calls the router, so its

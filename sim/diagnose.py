@@ -2,7 +2,8 @@
 
 TTFT = first token - arrival is split into parts that sum to it exactly:
 - before the first admission, the wait is split by the replica's `WaitClock`:
-  `kv_wait` (admission was blocked on KV blocks), `batch_fill` (the server sat
+  `kv_wait` (admission stopped for lack of KV blocks, or the step preempted;
+  request-level batching: a batch launched short on a full pool), `batch_fill` (the server sat
   idle: request-level batching waiting for a batch to fill), and `queue` (the
   rest: the server was busy and the token budget, the batch seats or FCFS
   order, or for static and dynamic batching the running batch, held it back;
@@ -22,8 +23,10 @@ nothing from the latency model, so it holds for calibrated tables too.
 latency model's time for the whole prompt alone minus the uncached part after
 the cached context. It is reported apart and is not part of the sum.
 
-Work per step is O(number of prefilling sequences); nothing is kept per step,
-and state lives only for requests between arrival and first token.
+Columns (ms) in requests.csv: ttft_queue_ms, ttft_batch_fill_ms, ttft_kv_wait_ms,
+ttft_prefill_ms, ttft_shared_ms, ttft_preempt_ms, prefix_saved_ms. Python work per step
+is O(prefilling sequences) plus two C-level passes over the plan's columns; nothing is
+kept per step, and state lives only for requests between arrival and first token.
 """
 
 from __future__ import annotations
@@ -45,8 +48,10 @@ from sim.trace import RequestTracer, WaitClock
 # the parts, in the order they are printed; they sum to ttft_ms
 TTFT_PARTS = ("ttft_queue_ms", "ttft_batch_fill_ms", "ttft_kv_wait_ms", "ttft_prefill_ms",
               "ttft_shared_ms", "ttft_preempt_ms")
-EXTRA_COLUMNS = ("prefix_saved_ms", "queue_ahead", "running_at_arrival", "prefill_steps",
-                 "mean_others_in_prefill")
+# context for the words: requests waiting ahead and running at its arrival, its prefill
+# steps and the other sequences sharing them on average
+_FLOAT_COLUMNS = (*TTFT_PARTS, "prefix_saved_ms", "mean_others_in_prefill")
+_INT_COLUMNS = ("queue_ahead", "running_at_arrival", "prefill_steps")
 
 
 @dataclass(slots=True, eq=False)
@@ -85,10 +90,8 @@ class TTFTDiagnoser:
         self.step_time = step_time
         self._pending: dict[int, _Pending] = {}
         self._cols: dict[str, array] = {"request_id": array("q")}
-        for name in (*TTFT_PARTS, "prefix_saved_ms", "mean_others_in_prefill"):
-            self._cols[name] = array("d")
-        for name in ("queue_ahead", "running_at_arrival", "prefill_steps"):
-            self._cols[name] = array("q")
+        self._cols.update({name: array("d") for name in _FLOAT_COLUMNS})
+        self._cols.update({name: array("q") for name in _INT_COLUMNS})
 
     def on_arrival(self, request: Request, now_s: float) -> None:
         idle_s, kv_s = self.clock.at(now_s)

@@ -169,6 +169,22 @@ def test_static_batching_names_the_batch_fill_wait() -> None:
     assert first["ttft_shared_ms"] == pytest.approx(3 * first["ttft_prefill_ms"], rel=1e-9)
 
 
+def test_static_batch_cut_short_by_the_pool_is_a_kv_wait() -> None:
+    """Reservations of 256 tokens in a 40 x 16-token pool: batches of 4 launch with 2."""
+    requests = [Request(i, 0.0, 100, 20) for i in range(8)]
+    pool = ContiguousAllocator(40, 16, 0.0)
+    frame, _ = run_observed(requests, StaticScheduler(pool, 4, max_model_len=256))
+    assert frame.loc[frame["request_id"] < 2, "ttft_kv_wait_ms"].eq(0).all()  # the first batch
+    later = frame[frame["request_id"] >= 2]
+    assert (later.apply(dominant_cause, axis=1) == "ttft_kv_wait_ms").all()
+    # a pool with room for four: the same waits are queueing behind the running batch
+    roomy, _ = run_observed([Request(i, 0.0, 100, 20) for i in range(8)],
+                            StaticScheduler(ContiguousAllocator(400, 16, 0.0), 4,
+                                            max_model_len=256))
+    assert (roomy["ttft_kv_wait_ms"] == 0).all()
+    assert dominant_cause(roomy[roomy["request_id"] == 7].iloc[0]) == "ttft_queue_ms"
+
+
 def test_explain_run_errors_name_the_problem() -> None:
     frame, _ = run_observed([Request(i, 0.01 * i, 50, 5) for i in range(5)],
                             ContinuousScheduler(PagedBlockManager(500, 16, 0.0), 8, 256))

@@ -12,13 +12,18 @@ Speculative decoding (the scheduler's `speculative_tokens` = k > 0):
   1 + k_i; `is_prefill` is False and `emits_token` True. `num_spec_tokens`
   holds k_i per sequence (0 for prefills and plain decodes), or is empty when
   no sequence of the step drafts, so plans without speculation are unchanged.
-- The world drafts k_i tokens per such sequence (a draft model's k_i
-  sequential passes, or prompt lookup), runs the target once over all 1 + k_i
-  positions and verifies: the sequence emits 1 + a_i tokens, a_i the accepted
-  drafts (0 <= a_i <= k_i; the +1 is the target's own token after the last
-  accepted draft). `StepResult.num_emitted` reports 1 + a_i.
+- The world proposes the k_i draft tokens itself (the plan says how many, not
+  which: a draft model's k_i sequential passes, or prompt lookup), runs the
+  target once over all 1 + k_i positions, writing their KV at slots context ..
+  context + k_i of the block table, and verifies: the sequence emits 1 + a_i
+  tokens, a_i the accepted drafts (0 <= a_i <= k_i; the +1 is the target's own
+  token after the last accepted draft). `StepResult.num_emitted` reports 1 +
+  a_i per emitting sequence (plan order, 1 for those without drafts) and
+  `token_ids` all the emitted tokens, sequence after sequence. An empty
+  `num_emitted` means every draft was rejected.
 - The scheduler applies it: output done += 1 + a_i, computed = context + 1 +
-  a_i. The rejected drafts' KV slots roll back (the next step overwrites them).
+  a_i. The rejected drafts' KV slots roll back: the next step overwrites them,
+  and its plan's context says where the valid KV ends.
 """
 
 from __future__ import annotations
