@@ -56,6 +56,12 @@ def add_profile(commands: argparse._SubParsersAction) -> None:
                    help="timed steps per shape (default 7)")
     p.add_argument("--threads", type=_positive_int, default=1,
                    help="CPU: torch threads (default 1: steady timings on a shared machine)")
+    p.add_argument("--passes", type=_positive_int, default=None,
+                   help="times the grid is measured, in new random orders (default: 3 on CPU, "
+                        "1 on CUDA)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: time the CPU engine by its thread's CPU time, immune to other "
+                        "jobs taking the core (validate then replays on the same clock)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     p.add_argument("--seed", type=int, default=0, help="random weights' seed")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -76,7 +82,8 @@ def _profile(args: argparse.Namespace) -> int:
         model=args.model, device=args.device, block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len, budget_s=args.budget_s, warmup=args.warmup,
-        repeats=args.repeats, threads=args.threads, dtype=args.dtype, seed=args.seed)
+        repeats=args.repeats, threads=args.threads, dtype=args.dtype, seed=args.seed,
+        passes=args.passes, clock=args.clock)
     problems = settings.problems()
     if problems:
         print("error: " + "; ".join(f"--{p.replace('_', '-')}" for p in problems),
@@ -113,6 +120,8 @@ def add_validate(commands: argparse._SubParsersAction) -> None:
                    help="override a scenario field (repeatable)")
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="CPU: torch threads (default: the table's, as profiled)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default=None,
+                   help="the engine's clock (default: the table's, as profiled)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_validate)
@@ -127,7 +136,7 @@ def _validate(args: argparse.Namespace) -> int:
 
     try:
         fidelity = validate_file(args.scenario, args.table, args.overrides, args.threads,
-                                 show_progress=not args.quiet)
+                                 show_progress=not args.quiet, clock=args.clock)
     except TableError as err:
         print(f"error: --table: {err}", file=sys.stderr)
         return 2

@@ -21,15 +21,19 @@ context gets its context the same way. Each point runs on a fresh scheduler
 and block manager over the same model and KV tensors; `warmup` steps are
 discarded (they also capture CUDA graphs) and `repeats` samples give the
 median and the p10/p90 spread of the cycle (wall) and of the kernels (device
-time). A sample is the mean over a group of consecutive steps lasting about
-`sample_s` (at most `max_group` steps): the simulator adds step times up, so
-what it needs is a step's mean cost, and a group mean keeps the short
-stalls a shared machine inflicts on every step in it, at their real weight,
-while the median over samples still rejects a rare long one.
+time). The simulator adds step times up, so what a table needs is a step's
+mean cost, yet a rare long stall should not move it: a sample is a mean,
+the reported value the median of samples. Sample j averages, over the grid's
+passes (each pass visits the points in a new random order, minutes apart),
+the j-th group of consecutive steps lasting about `sample_s` (at most
+`max_group` steps). So a shared machine's slow phases, which last seconds
+and slow every step in them (other jobs, a busy sibling core), count at
+their real weight instead of the majority phase winning every median.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import random
@@ -75,6 +79,7 @@ class ProfileSettings:
     passes: int | None = None  # times the grid is measured; None = 3 on CPU, 1 on CUDA
     max_group: int = 8  # most steps one sample averages
     threads: int | None = 1  # CPU torch threads (1 is steady on a shared machine); None = torch's
+    clock: str = "wall"  # "cpu": time the CPU engine by its thread's CPU time (see ThreadCpuClock)
     dtype: str = "auto"
     seed: int = 0
     cuda_graphs: bool = True
@@ -96,6 +101,9 @@ class ProfileSettings:
             out.append(f"threads: must be >= 1, got {self.threads}")
         if self.device not in ("cpu", "cuda"):
             out.append(f"device: must be cpu or cuda, got {self.device!r}")
+        if self.clock not in ("wall", "cpu") or (self.clock == "cpu" and self.device != "cpu"):
+            out.append(f"clock: must be wall, or cpu with device cpu, got {self.clock!r} "
+                       f"with device {self.device!r}")
         return out
 
     @property
@@ -140,6 +148,42 @@ class _NoKernels:
         return [0] * inputs, 0.0
 
 
+class ThreadCpuClock:
+    """Engine time that only this thread's CPU time advances, plus the idle waits it skips.
+
+    A single-threaded CPU engine's CPU time is what its steps take on a core of
+    their own, so a profile and a replay timed by it agree on a shared machine
+    whose other jobs would stretch wall times unpredictably. Waiting for an
+    arrival jumps the clock instead of sleeping.
+    """
+
+    def __init__(self) -> None:
+        self._origin = time.thread_time()
+        self._idle_s = 0.0
+
+    def now(self) -> float:
+        return time.thread_time() - self._origin + self._idle_s
+
+    def wait_until(self, t_s: float) -> None:
+        self._idle_s += max(0.0, t_s - self.now())
+
+
+TIMERS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+@contextmanager
+def frozen_gc():  # noqa: ANN201 - a context manager
+    """Move every object alive now out of the collector's reach for the block (as serving
+    engines do after start-up): full collections then scan only what the block creates,
+    instead of pausing a step for a traversal of every imported module's objects."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 @contextmanager
 def torch_threads(threads: int | None):  # noqa: ANN201 - a context manager
     """Run with `threads` intra-op threads (None: leave torch's setting), then restore."""
@@ -155,7 +199,9 @@ def torch_threads(threads: int | None):  # noqa: ANN201 - a context manager
 class _PointRun:
     """One grid point on a fresh scheduler: shape the requests, then time steps."""
 
-    def __init__(self, rig: Rig, point: GridPoint, steps_per_point: int) -> None:
+    def __init__(self, rig: Rig, point: GridPoint, steps_per_point: int,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
+        self.timer = timer
         self.engine: Engine = rig.fresh_engine()
         self.runner = self.engine.runner
         self.point = point
@@ -185,12 +231,12 @@ class _PointRun:
             scheduler.max_num_batched_tokens = self.budget  # type: ignore[attr-defined]
 
     def _timed_step(self, arrivals: Callable[[float], None] | None) -> tuple[float, StepLog]:
-        started = time.perf_counter()
+        started = self.timer()
         outcome = self.engine.step(arrivals)
         if outcome is None:
             raise RuntimeError("profile: nothing to schedule for a timed step")
         self.engine.record(*outcome, self.recorder)
-        return time.perf_counter() - started, self.engine.steps[-1]
+        return self.timer() - started, self.engine.steps[-1]
 
     def run(self, warmup: int, repeats: int, sample_s: float, max_group: int
             ) -> tuple[list[float], list[float], list[StepLog]]:
@@ -231,9 +277,12 @@ def _matches(point: GridPoint, log: StepLog) -> bool:
             and not shape.swap_out_tokens)
 
 
-def to_measurement(walls_s: list[float], devices_s: list[float], logs: list[StepLog]
-                   ) -> Measurement:
-    """Median and p10/p90 of the cycle (wall) and kernel (device) samples; the middle shape."""
+def to_measurement(walls_s: list[list[float]], devices_s: list[list[float]],
+                   logs: list[StepLog]) -> Measurement:
+    """Median and p10/p90 of the cycle (wall) and kernel (device) samples, sample j the mean
+    of every pass's j-th (`walls_s[pass][j]`, seconds); the shape of the middle step."""
+    walls_s = np.mean(np.array(walls_s), axis=0).tolist()
+    devices_s = np.mean(np.array(devices_s), axis=0).tolist()
     shape = logs[len(logs) // 2].shape
     kind = "mixed" if shape.prefill_chunk_tokens and shape.num_decodes else (
         "prefill" if shape.prefill_chunk_tokens else "decode")
@@ -259,14 +308,17 @@ def profile_engine(settings: ProfileSettings, out_dir: str | Path,
                             rig.max_model_len, rig.pool_tokens, settings.steps_per_point)
         grid = default_grid(limits)
         setup_s = time.perf_counter() - started
-        rows, skipped, measure_s = _measure_grid(rig, grid, settings, show_progress)
+        with frozen_gc():
+            rows, skipped, measure_s = _measure_grid(rig, grid, settings, show_progress)
         threads = torch.get_num_threads()
-    notes = (f"torch_threads={threads}; warmup {settings.warmup}, repeats {settings.repeats} "
-             f"samples, each the mean of up to {settings.max_group} consecutive steps lasting "
+    notes = (f"torch_threads={threads}; clock={settings.clock}; warmup {settings.warmup}, "
+             f"repeats {settings.repeats} samples, each the mean of up to "
+             f"{settings.max_group} consecutive steps lasting "
              f"~{settings.sample_seconds * 1e3:g} ms, over {settings.num_passes} pass(es); "
              f"{len(rows)} of {len(grid)} grid points in {measure_s:.0f} s"
              + (f" (budget {settings.budget_s:g} s)" if settings.budget_s else "")
-             + "; wall = the engine's whole step cycle (Engine.step + Engine.record)")
+             + "; wall = the engine's whole step cycle (Engine.step + Engine.record)"
+             + (", in thread CPU time" if settings.clock == "cpu" else ""))
     metadata = table_metadata(rig, settings, notes)
     directory = write_measurements(out_dir, rows, metadata)
     return ProfileResult(directory, metadata, tuple(rows), len(grid), tuple(skipped),
@@ -286,21 +338,23 @@ def _measure_grid(rig: Rig, grid: list[GridPoint], settings: ProfileSettings,
     rng.shuffle(pending)
     spent_s: dict[int, float] = {}  # one pass of a point, seconds
     done: dict[int, int] = {}  # passes measured
-    samples: dict[int, tuple[list[float], list[float], list[StepLog]]] = {}
+    samples: dict[int, tuple[list[list[float]], list[list[float]], list[StepLog]]] = {}
     bad: set[int] = set()
     started = time.perf_counter()
 
     def measure(index: int) -> None:
         point_started = time.perf_counter()
-        walls, devices, logs = _PointRun(rig, grid[index], settings.steps_per_point).run(
+        run = _PointRun(rig, grid[index], settings.steps_per_point, TIMERS[settings.clock])
+        walls, devices, logs = run.run(
             settings.warmup, settings.repeats, settings.sample_seconds, settings.max_group)
         spent_s[index] = time.perf_counter() - point_started
         done[index] = done.get(index, 0) + 1
         if not all(_matches(grid[index], log) for log in logs):
             bad.add(index)
         kept = samples.setdefault(index, ([], [], []))
-        for into, values in zip(kept, (walls, devices, logs), strict=True):
-            into.extend(values)  # type: ignore[attr-defined]
+        kept[0].append(walls)
+        kept[1].append(devices)
+        kept[2].extend(logs)
         bar.update()
 
     def left_s() -> float:

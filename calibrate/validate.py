@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from calibrate.profile import torch_threads
+from calibrate.profile import ThreadCpuClock, frozen_gc, torch_threads
 from gpu_engine.engine import StepLog, WallClock
 from gpu_engine.runner import ModelRunner, block_width_bucket
 from gpu_engine.sampling import SamplingParams
@@ -108,6 +108,12 @@ def table_threads(metadata: TableMetadata) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def table_clock(metadata: TableMetadata) -> str:
+    """The clock the table was profiled with: wall, or cpu (ThreadCpuClock)."""
+    found = re.search(r"clock=(wall|cpu)\b", metadata.notes)
+    return found.group(1) if found else "wall"
+
+
 def _capture_graphs(runner: ModelRunner, requests: Sequence[Request], block_size: int) -> int:
     """Capture every decode graph (batch bucket x block-table width) the requests can reach."""
     if not runner.use_graphs or not requests:
@@ -124,8 +130,10 @@ def _capture_graphs(runner: ModelRunner, requests: Sequence[Request], block_size
 
 
 def replay_engine(scenario: Scenario, base_dir: Path | None, device: str,
-                  show_progress: bool = True) -> tuple[RunResult, tuple[StepLog, ...], float]:
-    """The scenario on the engine, wall clock; returns the run, its steps and the setup seconds."""
+                  show_progress: bool = True, clock: str = "wall"
+                  ) -> tuple[RunResult, tuple[StepLog, ...], float]:
+    """The scenario on the engine (wall clock, or ThreadCpuClock on a CPU with clock="cpu");
+    returns the run, its steps and the setup seconds."""
     started = time.perf_counter()
     setup = build_engine(scenario, base_dir, device=device)
     engine = setup.engine
@@ -137,9 +145,10 @@ def replay_engine(scenario: Scenario, base_dir: Path | None, device: str,
     s = scenario.engine.sampling
     sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
     recorder = RunRecorder()
-    engine.clock = WallClock()  # arrivals count from here, not from the engine's build
+    # arrivals count from here, not from the engine's build
+    engine.clock = ThreadCpuClock() if clock == "cpu" else WallClock()  # type: ignore[assignment]
     with tqdm(total=len(requests), unit="req", desc="engine", delay=2.0,
-              disable=not show_progress) as bar:
+              disable=not show_progress) as bar, frozen_gc():
         engine.replay(requests, recorder, sampling, on_done=bar.update)
     wall_s = time.perf_counter() - started - setup_s
     replica = ReplicaSetup(engine.scheduler, None, recorder, setup.kv_manager)  # type: ignore[arg-type]
@@ -177,8 +186,12 @@ def steps_table(steps: Sequence[StepLog], table: LatencyModel, roofline: Latency
 
 
 def validate(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
-             threads: int | None = None, show_progress: bool = True) -> Fidelity:
-    """Engine replay, then the simulator with the table and with the roofline, compared."""
+             threads: int | None = None, show_progress: bool = True,
+             clock: str | None = None) -> Fidelity:
+    """Engine replay, then the simulator with the table and with the roofline, compared.
+
+    `threads` and `clock` default to the table's (as profiled).
+    """
     table_dir = Path(table_dir).resolve()
     loaded = load_table(table_dir, scenario.model_spec, scenario.kv.block_size,
                         scenario.hardware.count)  # refuses a mismatch before any work
@@ -186,10 +199,15 @@ def validate(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
         model="table", path=str(table_dir))})
     with_roofline = scenario.model_copy(update={"latency": LatencyConfig()})
     threads = threads if threads is not None else table_threads(loaded.metadata)
+    clock = clock or table_clock(loaded.metadata)
+    if clock not in ("wall", "cpu") or (clock == "cpu" and loaded.metadata.device_kind != "cpu"):
+        raise ValueError(f"clock: must be wall, or cpu for a CPU table, got {clock!r} for a "
+                         f"{loaded.metadata.device_kind} table")
     load_before = os.getloadavg()
     with torch_threads(threads if loaded.metadata.device_kind == "cpu" else None):
         engine_run, steps, setup_s = replay_engine(scenario, base_dir,
-                                                   loaded.metadata.device_kind, show_progress)
+                                                   loaded.metadata.device_kind, show_progress,
+                                                   clock)
         used_threads = torch.get_num_threads()
     load_after = os.getloadavg()
     table_run = run_scenario(with_table, base_dir, show_progress=False)
@@ -200,7 +218,7 @@ def validate(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
                     for key, label, unit in METRICS)
     frame = steps_table(steps, build_latency(with_table, base_dir),
                         build_latency(with_roofline, base_dir))
-    info = {"torch_threads": used_threads, "load_avg_before": load_before,
+    info = {"torch_threads": used_threads, "clock": clock, "load_avg_before": load_before,
             "load_avg_after": load_after, "engine_setup_s": setup_s,
             "engine_wall_s": engine_run.wall_s, "engine_steps": len(steps),
             "table_model": table_run.latency_name, "roofline_model": roofline_run.latency_name,
@@ -211,7 +229,8 @@ def validate(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
 
 
 def validate_file(path: str | Path, table_dir: str | Path, overrides: Sequence[str] = (),
-                  threads: int | None = None, show_progress: bool = True) -> Fidelity:
+                  threads: int | None = None, show_progress: bool = True,
+                  clock: str | None = None) -> Fidelity:
     """`validate` on a scenario file (with `--set` overrides)."""
     scenario, base_dir = load_scenario(path, overrides)
-    return validate(scenario, base_dir, table_dir, threads, show_progress)
+    return validate(scenario, base_dir, table_dir, threads, show_progress, clock)

@@ -97,8 +97,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
-        if self.use_graphs and inputs.is_decode_only and \
-                inputs.num_seqs in self.graph_sizes:
+        width = inputs.block_tables.shape[1]
+        if self.use_graphs and inputs.is_decode_only and inputs.num_seqs in self.graph_sizes \
+                and width == block_width_bucket(width, self.max_blocks_per_seq):
             return self._replay(inputs)
         return self.model(inputs, self.kv)
 
