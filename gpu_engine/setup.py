@@ -134,6 +134,8 @@ def build_engine(scenario: Scenario, base_dir: Path | None = None,
     except ValueError as err:
         raise EngineSetupError(str(err)) from None
     check_fits(scenario, kv_manager.num_blocks, torch_device, dtype)
+    if torch_device.type == "cpu" and cfg.cpu_threads is not None:
+        torch.set_num_threads(cfg.cpu_threads)  # process-wide: the engine owns this process
     scheduler = build_scheduler(scenario, kv_manager)
     seed = scenario.seed if cfg.seed is None else cfg.seed
     weights_dir = None

@@ -174,6 +174,9 @@ class EngineConfig(_Strict):
         "null = random weights of the model's real shapes")
     seed: int | None = Field(None, description="weights and synthetic prompts; null = seed")
     cuda_graphs: bool = Field(True, description="capture decode steps in CUDA graphs")
+    cpu_threads: int | None = Field(
+        None, ge=1, description="torch's intra-op threads on the CPU; null = torch's default. "
+        "1 keeps a small model's steps steady when other work shares the cores")
     warmup: bool = True
     sampling: SamplingConfig = SamplingConfig()
 
