@@ -11,6 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from calibrate.profile import ProfileSettings
 
 
 def _positive_int(text: str) -> int:
@@ -31,6 +35,12 @@ def _seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
     return value
+
+
+def _option(problem: str) -> str:
+    """'field_name: why' -> '--field-name: why'."""
+    name, sep, why = problem.partition(":")
+    return f"--{name.replace('_', '-')}{sep}{why}"
 
 
 def add_profile(commands: argparse._SubParsersAction) -> None:
@@ -64,6 +74,14 @@ def add_profile(commands: argparse._SubParsersAction) -> None:
                         "jobs taking the core (validate then replays on the same clock)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     p.add_argument("--seed", type=int, default=0, help="random weights' seed")
+    p.add_argument("--validate", metavar="SCENARIO", default=None,
+                   help="also fit, and validate on SCENARIO replayed between the middle two "
+                        "passes (a shared machine's speed drifts; the table then averages "
+                        "it around the replay)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --validate: override a scenario field (repeatable)")
+    p.add_argument("--fidelity-out", default=None, metavar="DIR",
+                   help="with --validate: report directory (default OUT/fidelity)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_profile)
 
@@ -86,9 +104,10 @@ def _profile(args: argparse.Namespace) -> int:
         passes=args.passes, clock=args.clock)
     problems = settings.problems()
     if problems:
-        print("error: " + "; ".join(f"--{p.replace('_', '-')}" for p in problems),
-              file=sys.stderr)
+        print("error: " + "; ".join(_option(p) for p in problems), file=sys.stderr)
         return 2
+    if args.validate:
+        return _profile_and_validate(args, settings)
     try:
         result = profile_engine(settings, args.out, show_progress=not args.quiet)
     except EngineSetupError as err:
@@ -103,6 +122,42 @@ def _profile(args: argparse.Namespace) -> int:
           + (f"; {len(result.skipped)} shapes did not form and were skipped"
              if result.skipped else ""))
     print(f"wrote {result.directory}/; next: servesim calibrate fit {result.directory}")
+    return 0
+
+
+def _profile_and_validate(args: argparse.Namespace, settings: ProfileSettings) -> int:
+    from calibrate.bracket import bracket_problems, profile_and_validate
+    from calibrate.fit import format_report
+    from calibrate.report import metrics_markdown, step_errors, steps_markdown, write_report
+    from gpu_engine.setup import EngineSetupError
+    from sim.scenario import ScenarioError, load_scenario
+
+    try:
+        scenario, base_dir = load_scenario(args.validate, args.overrides)
+    except ScenarioError as err:
+        print(f"error: --validate: {err}", file=sys.stderr)
+        return 2
+    problems = bracket_problems(settings, scenario)
+    if problems:
+        print("error: " + "; ".join(_option(p) for p in problems), file=sys.stderr)
+        return 2
+    try:
+        done = profile_and_validate(settings, args.out, scenario, base_dir,
+                                    show_progress=not args.quiet)
+    except EngineSetupError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as err:  # a missing trace, no room for KV
+        print(f"error: --validate: {args.validate}: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.fidelity_out or Path(args.out) / "fidelity")
+    write_report(done.fidelity, out)
+    print(format_report(done.fit))
+    print()
+    print(metrics_markdown(done.fidelity))
+    print()
+    print(steps_markdown(step_errors(done.fidelity.steps)))
+    print(f"wrote the table to {done.profile.directory}/ and the fidelity report to {out}/")
     return 0
 
 

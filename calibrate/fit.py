@@ -36,6 +36,7 @@ from sim.latency.table import (
     TableFit,
     decode_padded_tokens,
     ramp_basis,
+    starts_from_idle,
     step_features,
 )
 from sim.latency.table_format import (
@@ -62,6 +63,8 @@ FEATURES = {
     "decode_seq_ms": "x number of decoding sequences",
     "decode_padded_attention_ms_per_token": "x number of decodes x the step's widest sequence "
                                             "(decode attention padded to the widest table)",
+    "idle_start_ms": "x 1 for a prefill-only step (nothing else running: the first step "
+                     "after an idle wait)",
 }
 MIN_MEASUREMENTS = 10
 
@@ -105,8 +108,9 @@ def choose_knots(rows: np.ndarray, max_segments: int = 24, min_points: int = 3
 def raw_features(measurements: Sequence[Measurement]) -> np.ndarray:
     """One row per measurement: step_features of its shape (query tokens included), then
     its padded decode attention tokens."""
-    return np.array([(*step_features(m.shape), decode_padded_tokens(m.shape))
-                     for m in measurements], dtype=np.float64).reshape(len(measurements), 6)
+    return np.array([(*step_features(m.shape), decode_padded_tokens(m.shape),
+                      starts_from_idle(m.shape)) for m in measurements],
+                    dtype=np.float64).reshape(len(measurements), 7)
 
 
 def design_matrix(features: np.ndarray, knots: tuple[int, ...]) -> np.ndarray:
@@ -137,7 +141,8 @@ def fit_arrays(features: np.ndarray, measured_ms: np.ndarray, timing: str) -> Ta
 
 def predict_ms(fit: TableFit, features: np.ndarray) -> np.ndarray:
     x = np.array([fit.intercept_ms, *fit.segment_slopes_ms_per_token,
-                  *fit.other_coefficients_ms, fit.decode_padded_attention_ms_per_token])
+                  *fit.other_coefficients_ms, fit.decode_padded_attention_ms_per_token,
+                  fit.idle_start_ms])
     design = design_matrix(features, fit.knots_tokens)
     return design @ x[:design.shape[1]]  # features without the padded column: its term is 0
 
@@ -206,7 +211,8 @@ def format_report(report: FitReport) -> str:
               f"{fit.prefill_seq_ms:.4g} ms; per decode seq {fit.decode_seq_ms:.4g} ms",
               f"prefill attention {fit.prefill_attention_ms_per_pair * 1e6:.4g} ns/pair; "
               f"decode attention {fit.decode_attention_ms_per_token * 1e6:.4g} ns/KV token, "
-              f"padded {fit.decode_padded_attention_ms_per_token * 1e6:.4g} ns/token",
+              f"padded {fit.decode_padded_attention_ms_per_token * 1e6:.4g} ns/token; "
+              f"first step after idle +{fit.idle_start_ms:.4g} ms",
               f"linear layers: knots (tokens) {' '.join(map(str, fit.knots_tokens))}",
               f"  slopes (us/token) {slopes}"]
     return "\n".join(lines)

@@ -73,7 +73,7 @@ class Plan:
 
     @staticmethod
     def smoke() -> Plan:
-        return Plan("cpu", (("tiny", 6.0),), 256, 16, 2048, 3, 1, 6, 8.0, 10.0)
+        return Plan("cpu", (("tiny", 4.0),), 256, 16, 2048, 2, 1, 4, 16.0, 10.0)
 
 
 class TimeUp(Exception):

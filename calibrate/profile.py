@@ -13,37 +13,31 @@ and times `Engine.step` + `Engine.record`, exactly the work a replay does
 per step (arrivals included: the next request of a prefill point is added
 during the timed step, as a replay adds arrivals).
 
-Requests are brought into shape without running kernels (KV contents do not
-change a step's time): a stand-in runner emits token 0, and the scheduler's
-token budget is raised for that one untimed step, so B decodes at context C
-need one bookkeeping step, not B x C tokens of prefill; a chunk on a cached
-context gets its context the same way. Each point runs on a fresh scheduler
-and block manager over the same model and KV tensors; `warmup` steps are
-discarded (they also capture CUDA graphs) and `repeats` samples give the
-median and the p10/p90 spread of the cycle (wall) and of the kernels (device
-time). The simulator adds step times up, so what a table needs is a step's
-mean cost, yet a rare long stall should not move it: a sample is a mean,
-the reported value the median of samples. Sample j averages, over the grid's
-passes (each pass visits the points in a new random order, minutes apart),
-the j-th group of consecutive steps lasting about `sample_s` (at most
-`max_group` steps). So a shared machine's slow phases, which last seconds
-and slow every step in them (other jobs, a busy sibling core), count at
-their real weight instead of the majority phase winning every median.
+Requests are shaped without kernels (calibrate/shaping.py), so B decodes at
+context C cost one bookkeeping step, not B x C tokens of prefill. Each point
+runs on a fresh scheduler and block manager over the same model and KV
+tensors; `warmup` steps are discarded (they also capture CUDA graphs) and
+`repeats` samples give the median and p10/p90 spread of the cycle (wall) and
+of the kernels (device time). The simulator adds step times up, so a table
+needs a step's mean cost, yet a rare long stall should not move it: a sample
+is a mean, the reported value the median of samples. Sample j averages, over
+the grid's passes (each visits the points in a new random order), the j-th
+group of consecutive steps lasting about `sample_s` (at most `max_group`).
+A shared machine's slow phases, which last seconds, so count at their real
+weight instead of the majority phase winning every median. A prefill-only
+step (nothing else running) is timed after an `idle_gap_s` wait, as serving
+runs it: the first step after idling runs cache-cold.
 """
 
 from __future__ import annotations
 
-import gc
-import itertools
 import math
 import random
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -56,10 +50,13 @@ from calibrate.grid import (
     plan_within,
 )
 from calibrate.rig import Rig, build_rig, table_metadata
-from gpu_engine.engine import Engine, StepLog
-from sim.core.request import Request
+from calibrate.shaping import PointRun, shape_matches, to_measurement
+from calibrate.timing import TIMERS, ThreadCpuClock, frozen_gc, steady_malloc, torch_threads
+from gpu_engine.engine import StepLog
 from sim.latency.table_format import Measurement, TableMetadata, write_measurements
-from sim.metrics import RunRecorder
+
+__all__ = ["ProfileResult", "ProfileSettings", "ThreadCpuClock", "frozen_gc", "profile_engine",
+           "torch_threads"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +75,10 @@ class ProfileSettings:
     sample_s: float | None = None  # a sample's length; None = 20 ms on CPU, 4 ms on CUDA
     passes: int | None = None  # times the grid is measured; None = 3 on CPU, 1 on CUDA
     max_group: int = 8  # most steps one sample averages
+    # a prefill-only step (nothing else running) is, in serving, the first after an idle
+    # wait; on a shared host such a step runs slower (caches gone cold), so it is timed after
+    # this long an idle wait (the engine's own), as a replay runs it; 0 = back to back
+    idle_gap_s: float = 0.02
     threads: int | None = 1  # CPU torch threads (1 is steady on a shared machine); None = torch's
     clock: str = "wall"  # "cpu": time the CPU engine by its thread's CPU time (see ThreadCpuClock)
     dtype: str = "auto"
@@ -97,6 +98,8 @@ class ProfileSettings:
                        f"got {self.max_num_batched_tokens}")
         if self.budget_s is not None and not (math.isfinite(self.budget_s) and self.budget_s > 0):
             out.append(f"budget_s: must be a number of seconds > 0, got {self.budget_s!r}")
+        if not (math.isfinite(self.idle_gap_s) and self.idle_gap_s >= 0):
+            out.append(f"idle_gap_s: must be seconds >= 0, got {self.idle_gap_s!r}")
         if self.threads is not None and self.threads < 1:
             out.append(f"threads: must be >= 1, got {self.threads}")
         if self.device not in ("cpu", "cuda"):
@@ -126,6 +129,8 @@ class ProfileSettings:
 
 @dataclass(frozen=True, slots=True)
 class ProfileResult:
+    """What `profile_engine` wrote (`directory`) and how the measuring went."""
+
     directory: Path
     metadata: TableMetadata
     measurements: tuple[Measurement, ...]
@@ -133,174 +138,21 @@ class ProfileResult:
     skipped: tuple[GridPoint, ...]  # measured but not in the intended shape (e.g. preempted)
     measure_s: float  # time spent measuring the grid (what budget_s bounds)
     setup_s: float  # building the model, KV cache and warm-up
+    points_s: tuple[float, ...] = ()  # each point measurement's seconds, in the order taken
+    corners: int = 0  # the first `corners` of them: measured whatever the budget
 
 
-class _NoKernels:
-    """Stands in for the ModelRunner while requests are shaped: no kernels, token 0 each."""
+def profile_engine(settings: ProfileSettings, out_dir: str | Path, show_progress: bool = True,
+                   between_passes: Callable[[int], None] | None = None) -> ProfileResult:
+    """Measure the grid (thinned to `budget_s`) and write the table's measurements + metadata.
 
-    def prepare(self, new_token_ids: list[list[int]], context_tokens: tuple[int, ...],
-                block_tables: tuple[tuple[int, ...], ...], emits_token: tuple[bool, ...],
-                min_seqs: int = 0) -> int:
-        return sum(emits_token)
-
-    def execute(self, inputs: int, sample: Callable[[torch.Tensor], torch.Tensor]
-                ) -> tuple[list[int], float]:
-        return [0] * inputs, 0.0
-
-
-class ThreadCpuClock:
-    """Engine time that only this thread's CPU time advances, plus the idle waits it skips.
-
-    A single-threaded CPU engine's CPU time is what its steps take on a core of
-    their own, so a profile and a replay timed by it agree on a shared machine
-    whose other jobs would stretch wall times unpredictably. Waiting for an
-    arrival jumps the clock instead of sleeping.
+    `between_passes(k)` runs after pass k (1-based) of several, off the budget's clock: a
+    replay run there is bracketed by the passes that the table averages.
     """
-
-    def __init__(self) -> None:
-        self._origin = time.thread_time()
-        self._idle_s = 0.0
-
-    def now(self) -> float:
-        return time.thread_time() - self._origin + self._idle_s
-
-    def wait_until(self, t_s: float) -> None:
-        self._idle_s += max(0.0, t_s - self.now())
-
-
-TIMERS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
-
-
-@contextmanager
-def frozen_gc():  # noqa: ANN201 - a context manager
-    """Move every object alive now out of the collector's reach for the block (as serving
-    engines do after start-up): full collections then scan only what the block creates,
-    instead of pausing a step for a traversal of every imported module's objects."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
-@contextmanager
-def torch_threads(threads: int | None):  # noqa: ANN201 - a context manager
-    """Run with `threads` intra-op threads (None: leave torch's setting), then restore."""
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-class _PointRun:
-    """One grid point on a fresh scheduler: shape the requests, then time steps."""
-
-    def __init__(self, rig: Rig, point: GridPoint, steps_per_point: int,
-                 timer: Callable[[], float] = time.perf_counter) -> None:
-        self.timer = timer
-        self.engine: Engine = rig.fresh_engine()
-        self.runner = self.engine.runner
-        self.point = point
-        self.recorder = RunRecorder()
-        self.ids = itertools.count()
-        self.decode_output = steps_per_point + 1
-        self.budget = self.engine.scheduler.max_num_batched_tokens  # type: ignore[attr-defined]
-
-    def _add(self, prompt_tokens: int, output_tokens: int) -> None:
-        request = Request(next(self.ids), 0.0, prompt_tokens, output_tokens)
-        if not self.engine.add_request(request):
-            raise RuntimeError(f"profile: request of {prompt_tokens} + {output_tokens} tokens "
-                               f"refused: {request.rejection_reason}")
-
-    def _shaping_step(self, budget_tokens: int) -> None:
-        """One untimed step without kernels under a temporary token budget."""
-        scheduler = self.engine.scheduler
-        scheduler.max_num_batched_tokens = budget_tokens  # type: ignore[attr-defined]
-        self.engine.runner = _NoKernels()  # type: ignore[assignment]
-        try:
-            outcome = self.engine.step()
-            if outcome is None:
-                raise RuntimeError("profile: nothing to schedule while shaping a step")
-            self.engine.record(*outcome, self.recorder)
-        finally:
-            self.engine.runner = self.runner
-            scheduler.max_num_batched_tokens = self.budget  # type: ignore[attr-defined]
-
-    def _timed_step(self, arrivals: Callable[[float], None] | None) -> tuple[float, StepLog]:
-        started = self.timer()
-        outcome = self.engine.step(arrivals)
-        if outcome is None:
-            raise RuntimeError("profile: nothing to schedule for a timed step")
-        self.engine.record(*outcome, self.recorder)
-        return self.timer() - started, self.engine.steps[-1]
-
-    def run(self, warmup: int, repeats: int, sample_s: float, max_group: int
-            ) -> tuple[list[float], list[float], list[StepLog]]:
-        """(wall samples, device samples, step logs): each sample a group's mean, seconds."""
-        p = self.point
-        if p.num_decodes:  # decoders: every prompt prefilled in one step, first token out
-            for context in p.decode_contexts:
-                self._add(context, self.decode_output)
-            self._shaping_step(sum(p.decode_contexts))
-        chunk_prompt = p.chunk_context + p.chunk_tokens
-
-        def arrive(_now_s: float) -> None:
-            self._add(chunk_prompt, 1)  # the next repeat's chunk arrives during this step
-
-        if p.chunk_tokens:
-            self._add(chunk_prompt, 1)
-        def step() -> tuple[float, StepLog]:
-            if p.chunk_tokens and p.chunk_context:
-                self._shaping_step(p.num_decodes + p.chunk_context)
-            return self._timed_step(arrive if p.chunk_tokens else None)
-
-        warm = [step()[0] for _ in range(warmup)]
-        group = 1 if not warm else min(max_group, max(1, math.ceil(
-            sample_s / max(float(np.median(warm)), 1e-6))))
-        walls, devices, logs = [], [], []
-        for _ in range(repeats):
-            runs = [step() for _ in range(group)]
-            walls.append(sum(w for w, _ in runs) / group)
-            devices.append(sum(g.device_s for _, g in runs) / group)
-            logs += [g for _, g in runs]
-        return walls, devices, logs
-
-
-def _matches(point: GridPoint, log: StepLog) -> bool:
-    shape = log.shape
-    chunks = (point.chunk_tokens,) if point.chunk_tokens else ()
-    return (shape.prefill_chunk_tokens == chunks and shape.num_decodes == point.num_decodes
-            and not shape.swap_out_tokens)
-
-
-def to_measurement(walls_s: list[list[float]], devices_s: list[list[float]],
-                   logs: list[StepLog]) -> Measurement:
-    """Median and p10/p90 of the cycle (wall) and kernel (device) samples, sample j the mean
-    of every pass's j-th (`walls_s[pass][j]`, seconds); the shape of the middle step."""
-    walls_s = np.mean(np.array(walls_s), axis=0).tolist()
-    devices_s = np.mean(np.array(devices_s), axis=0).tolist()
-    shape = logs[len(logs) // 2].shape
-    kind = "mixed" if shape.prefill_chunk_tokens and shape.num_decodes else (
-        "prefill" if shape.prefill_chunk_tokens else "decode")
-    wall = np.percentile(np.array(walls_s) * 1e3, [50, 10, 90])
-    device = np.percentile(np.array(devices_s) * 1e3, [50, 10, 90])
-    device = device if (device > 0).all() else np.full(3, math.nan)
-    return Measurement(kind, shape.prefill_chunk_tokens, shape.prefill_context_tokens,
-                       shape.num_decodes, shape.decode_context_sum, shape.decode_context_max,
-                       shape.padded_batch, 1, len(walls_s), *map(float, device),
-                       *map(float, wall))
-
-
-def profile_engine(settings: ProfileSettings, out_dir: str | Path,
-                   show_progress: bool = True) -> ProfileResult:
-    """Measure the grid (thinned to `budget_s`) and write the table's measurements + metadata."""
     problems = settings.problems()
     if problems:
         raise ValueError("; ".join(problems))
+    malloc = "steady" if settings.device == "cpu" and steady_malloc() else "default"
     with torch_threads(settings.threads if settings.device == "cpu" else None):
         started = time.perf_counter()
         rig = build_rig(settings)
@@ -309,12 +161,15 @@ def profile_engine(settings: ProfileSettings, out_dir: str | Path,
         grid = default_grid(limits)
         setup_s = time.perf_counter() - started
         with frozen_gc():
-            rows, skipped, measure_s = _measure_grid(rig, grid, settings, show_progress)
+            rows, skipped, measure_s, points_s = _measure_grid(rig, grid, settings,
+                                                               show_progress, between_passes)
         threads = torch.get_num_threads()
-    notes = (f"torch_threads={threads}; clock={settings.clock}; warmup {settings.warmup}, "
+    notes = (f"torch_threads={threads}; clock={settings.clock}; malloc={malloc}; "
+             f"warmup {settings.warmup}, "
              f"repeats {settings.repeats} samples, each the mean of up to "
              f"{settings.max_group} consecutive steps lasting "
              f"~{settings.sample_seconds * 1e3:g} ms, over {settings.num_passes} pass(es); "
+             f"prefill-only steps timed after a {settings.idle_gap_s * 1e3:g} ms idle wait; "
              f"{len(rows)} of {len(grid)} grid points in {measure_s:.0f} s"
              + (f" (budget {settings.budget_s:g} s)" if settings.budget_s else "")
              + "; wall = the engine's whole step cycle (Engine.step + Engine.record)"
@@ -322,11 +177,12 @@ def profile_engine(settings: ProfileSettings, out_dir: str | Path,
     metadata = table_metadata(rig, settings, notes)
     directory = write_measurements(out_dir, rows, metadata)
     return ProfileResult(directory, metadata, tuple(rows), len(grid), tuple(skipped),
-                         measure_s, setup_s)
+                         measure_s, setup_s, tuple(points_s), len(corners(grid)))
 
 
 def _measure_grid(rig: Rig, grid: list[GridPoint], settings: ProfileSettings,
-                  show_progress: bool) -> tuple[list[Measurement], list[GridPoint], float]:
+                  show_progress: bool, between_passes: Callable[[int], None] | None = None
+                  ) -> tuple[list[Measurement], list[GridPoint], float, list[float]]:
     """Pass 1 measures the corners first (their times calibrate the cost estimate), then the
     rest in a seeded random order, re-thinned to the budget before each point; later passes
     re-measure pass 1's points in new random orders. Random order and passes turn a shared
@@ -340,16 +196,19 @@ def _measure_grid(rig: Rig, grid: list[GridPoint], settings: ProfileSettings,
     done: dict[int, int] = {}  # passes measured
     samples: dict[int, tuple[list[list[float]], list[list[float]], list[StepLog]]] = {}
     bad: set[int] = set()
+    taken_s: list[float] = []
     started = time.perf_counter()
 
     def measure(index: int) -> None:
         point_started = time.perf_counter()
-        run = _PointRun(rig, grid[index], settings.steps_per_point, TIMERS[settings.clock])
+        run = PointRun(rig, grid[index], settings.steps_per_point, TIMERS[settings.clock])
         walls, devices, logs = run.run(
-            settings.warmup, settings.repeats, settings.sample_seconds, settings.max_group)
+            settings.warmup, settings.repeats, settings.sample_seconds, settings.max_group,
+            settings.idle_gap_s if settings.clock == "wall" else 0.0)
         spent_s[index] = time.perf_counter() - point_started
+        taken_s.append(spent_s[index])
         done[index] = done.get(index, 0) + 1
-        if not all(_matches(grid[index], log) for log in logs):
+        if not all(shape_matches(grid[index], log) for log in logs):
             bad.add(index)
         kept = samples.setdefault(index, ([], [], []))
         kept[0].append(walls)
@@ -357,9 +216,11 @@ def _measure_grid(rig: Rig, grid: list[GridPoint], settings: ProfileSettings,
         kept[2].extend(logs)
         bar.update()
 
+    away_s = [0.0]  # spent in between_passes, off the budget
+
     def left_s() -> float:
         return math.inf if settings.budget_s is None else \
-            settings.budget_s - (time.perf_counter() - started)
+            settings.budget_s - (time.perf_counter() - started - away_s[0])
 
     with tqdm(total=len(grid) * passes, unit="shape", desc="profiling", mininterval=1.0,
               disable=not show_progress, leave=False) as bar:
@@ -375,11 +236,16 @@ def _measure_grid(rig: Rig, grid: list[GridPoint], settings: ProfileSettings,
                 bar.refresh()
             if pending:
                 measure(pending.pop())
-        for _ in range(passes - 1):
+        for finished in range(1, passes):
+            if between_passes is not None:
+                left = time.perf_counter()
+                between_passes(finished)
+                away_s[0] += time.perf_counter() - left
             again = sorted(done)
             rng.shuffle(again)
             for index in again:
                 if spent_s[index] <= left_s():
                     measure(index)
     rows = [to_measurement(*samples[i]) for i in sorted(samples) if i not in bad]
-    return rows, [grid[i] for i in sorted(bad)], time.perf_counter() - started
+    measure_s = time.perf_counter() - started - away_s[0]
+    return rows, [grid[i] for i in sorted(bad)], measure_s, taken_s

@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from calibrate.profile import ThreadCpuClock, frozen_gc, torch_threads
+from calibrate.timing import ThreadCpuClock, frozen_gc, steady_malloc, torch_threads
 from gpu_engine.engine import StepLog, WallClock
 from gpu_engine.runner import ModelRunner, block_width_bucket
 from gpu_engine.sampling import SamplingParams
@@ -145,10 +145,13 @@ def replay_engine(scenario: Scenario, base_dir: Path | None, device: str,
     s = scenario.engine.sampling
     sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
     recorder = RunRecorder()
-    # arrivals count from here, not from the engine's build
-    engine.clock = ThreadCpuClock() if clock == "cpu" else WallClock()  # type: ignore[assignment]
     with tqdm(total=len(requests), unit="req", desc="engine", delay=2.0,
               disable=not show_progress) as bar, frozen_gc():
+        # arrivals count from here, not from the engine's build (nor the collection above)
+        # idle waits spin: a sleeping virtual CPU runs the next tens of ms slower, which no
+        # profiled (back-to-back) step shows
+        engine.clock = ThreadCpuClock() if clock == "cpu" else WallClock(  # type: ignore
+            spin_s=math.inf)
         engine.replay(requests, recorder, sampling, on_done=bar.update)
     wall_s = time.perf_counter() - started - setup_s
     replica = ReplicaSetup(engine.scheduler, None, recorder, setup.kv_manager)  # type: ignore[arg-type]
@@ -176,6 +179,7 @@ def steps_table(steps: Sequence[StepLog], table: LatencyModel, roofline: Latency
             "prefill_context_tokens": sum(shape.prefill_context_tokens),
             "num_decodes": shape.num_decodes,
             "decode_context_sum": shape.decode_context_sum,
+            "decode_context_max": shape.decode_context_max,
             "measured_ms": s.duration_s * 1e3,
             "wall_ms": s.wall_s * 1e3,
             "device_ms": s.device_s * 1e3,
@@ -185,6 +189,62 @@ def steps_table(steps: Sequence[StepLog], table: LatencyModel, roofline: Latency
     return pd.DataFrame(rows)
 
 
+@dataclass(frozen=True, slots=True)
+class EngineReplay:
+    """The engine side of a validation: its run, its steps, how it ran."""
+
+    result: RunResult
+    steps: tuple[StepLog, ...]
+    info: dict[str, Any]
+
+
+def run_engine(scenario: Scenario, base_dir: Path | None, device: str = "cpu",
+               threads: int | None = None, clock: str = "wall",
+               show_progress: bool = True) -> EngineReplay:
+    """Replay the scenario on the engine: `device` cpu or cuda, torch `threads` (CPU; None =
+    torch's), `clock` wall or cpu (ThreadCpuClock, CPU only)."""
+    if clock not in ("wall", "cpu") or (clock == "cpu" and device != "cpu"):
+        raise ValueError(f"clock: must be wall, or cpu on a CPU, got {clock!r} on {device}")
+    malloc = "steady" if device == "cpu" and steady_malloc() else "default"
+    load_before = os.getloadavg()
+    with torch_threads(threads if device == "cpu" else None):
+        result, steps, setup_s = replay_engine(scenario, base_dir, device, show_progress,
+                                               clock)
+        used_threads = torch.get_num_threads()
+    info = {"torch_threads": used_threads, "clock": clock, "malloc": malloc,
+            "load_avg_before": load_before,
+            "load_avg_after": os.getloadavg(), "engine_setup_s": setup_s,
+            "engine_wall_s": result.wall_s, "engine_steps": len(steps),
+            "torch_version": torch.__version__, "engine": result.latency_name}
+    return EngineReplay(result, steps, info)
+
+
+def compare(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
+            replay: EngineReplay) -> Fidelity:
+    """The simulator side: the same requests with the table and with the roofline model,
+    each metric and each engine step compared with the engine's."""
+    table_dir = Path(table_dir).resolve()
+    loaded = load_table(table_dir, scenario.model_spec, scenario.kv.block_size,
+                        scenario.hardware.count)
+    with_table = scenario.model_copy(update={"latency": LatencyConfig(
+        model="table", path=str(table_dir))})
+    with_roofline = scenario.model_copy(update={"latency": LatencyConfig()})
+    table_run = run_scenario(with_table, base_dir, show_progress=False)
+    roofline_run = run_scenario(with_roofline, base_dir, show_progress=False)
+    engine_run = replay.result
+    metrics = tuple(MetricComparison(key, label, unit, float(engine_run.summary[key]),
+                                     float(table_run.summary[key]),
+                                     float(roofline_run.summary[key]))
+                    for key, label, unit in METRICS)
+    frame = steps_table(replay.steps, build_latency(with_table, base_dir),
+                        build_latency(with_roofline, base_dir))
+    info = {**replay.info, "table_model": table_run.latency_name,
+            "roofline_model": roofline_run.latency_name,
+            "table_torch_version": loaded.metadata.torch_version}
+    return Fidelity(scenario, table_dir, loaded.metadata, metrics, engine_run, table_run,
+                    roofline_run, frame, info)
+
+
 def validate(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
              threads: int | None = None, show_progress: bool = True,
              clock: str | None = None) -> Fidelity:
@@ -192,40 +252,13 @@ def validate(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
 
     `threads` and `clock` default to the table's (as profiled).
     """
-    table_dir = Path(table_dir).resolve()
-    loaded = load_table(table_dir, scenario.model_spec, scenario.kv.block_size,
+    loaded = load_table(Path(table_dir), scenario.model_spec, scenario.kv.block_size,
                         scenario.hardware.count)  # refuses a mismatch before any work
-    with_table = scenario.model_copy(update={"latency": LatencyConfig(
-        model="table", path=str(table_dir))})
-    with_roofline = scenario.model_copy(update={"latency": LatencyConfig()})
-    threads = threads if threads is not None else table_threads(loaded.metadata)
-    clock = clock or table_clock(loaded.metadata)
-    if clock not in ("wall", "cpu") or (clock == "cpu" and loaded.metadata.device_kind != "cpu"):
-        raise ValueError(f"clock: must be wall, or cpu for a CPU table, got {clock!r} for a "
-                         f"{loaded.metadata.device_kind} table")
-    load_before = os.getloadavg()
-    with torch_threads(threads if loaded.metadata.device_kind == "cpu" else None):
-        engine_run, steps, setup_s = replay_engine(scenario, base_dir,
-                                                   loaded.metadata.device_kind, show_progress,
-                                                   clock)
-        used_threads = torch.get_num_threads()
-    load_after = os.getloadavg()
-    table_run = run_scenario(with_table, base_dir, show_progress=False)
-    roofline_run = run_scenario(with_roofline, base_dir, show_progress=False)
-    metrics = tuple(MetricComparison(key, label, unit, float(engine_run.summary[key]),
-                                     float(table_run.summary[key]),
-                                     float(roofline_run.summary[key]))
-                    for key, label, unit in METRICS)
-    frame = steps_table(steps, build_latency(with_table, base_dir),
-                        build_latency(with_roofline, base_dir))
-    info = {"torch_threads": used_threads, "clock": clock, "load_avg_before": load_before,
-            "load_avg_after": load_after, "engine_setup_s": setup_s,
-            "engine_wall_s": engine_run.wall_s, "engine_steps": len(steps),
-            "table_model": table_run.latency_name, "roofline_model": roofline_run.latency_name,
-            "torch_version": torch.__version__, "engine": engine_run.latency_name,
-            "table_torch_version": loaded.metadata.torch_version}
-    return Fidelity(scenario, table_dir, loaded.metadata, metrics, engine_run, table_run,
-                    roofline_run, frame, info)
+    meta = loaded.metadata
+    replay = run_engine(scenario, base_dir, meta.device_kind,
+                        table_threads(meta) if threads is None else threads,
+                        clock or table_clock(meta), show_progress)
+    return compare(scenario, base_dir, table_dir, replay)
 
 
 def validate_file(path: str | Path, table_dir: str | Path, overrides: Sequence[str] = (),

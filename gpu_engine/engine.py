@@ -76,10 +76,15 @@ class _Sequence:
 
 
 class WallClock:
-    """Seconds since the clock was made, from the monotonic performance counter."""
+    """Seconds since the clock was made, from the monotonic performance counter.
 
-    def __init__(self) -> None:
+    `spin_s`: how much of each idle wait is spent spinning rather than asleep; inf keeps
+    the core busy throughout (a sleeping virtual CPU runs the next tens of ms slower).
+    """
+
+    def __init__(self, spin_s: float = _SPIN_S) -> None:
         self._origin = time.perf_counter()
+        self._spin_s = spin_s
 
     def now(self) -> float:
         return time.perf_counter() - self._origin
@@ -87,7 +92,7 @@ class WallClock:
     def wait_until(self, t_s: float) -> None:
         """Sleep, then spin the last stretch: a loaded machine wakes a sleeper milliseconds
         late, which would add to every idle arrival's TTFT (the simulator adds nothing)."""
-        delay_s = t_s - self.now() - _SPIN_S
+        delay_s = t_s - self.now() - self._spin_s
         if delay_s > 0:
             time.sleep(delay_s)
         while self.now() < t_s:

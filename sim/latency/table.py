@@ -10,6 +10,7 @@ non-negative least-squares fit can recover (`calibrate.fit`):
             + c * num_prefills + d * num_decodes              per-sequence bookkeeping
             + e * num_decodes * widest sequence               decode attention padded to the
                                                               step's widest block table
+            + f if no decode runs (prefill only)              the first step after idling
 
 `rows` are the token rows the matmuls run over (prefill tokens, one row per
 decode query token, and padded slots). A speculative verify runs 1 + k query
@@ -69,6 +70,9 @@ class TableFit:
     # an engine whose decode attention gathers every row's KV to the step's widest block
     # table (gpu_engine on CPU) pays per decode for the widest sequence, not its own context
     decode_padded_attention_ms_per_token: float = 0.0
+    # a prefill-only step (no decode running) is in serving the first after an idle wait,
+    # which on a shared CPU host runs cache-cold: its extra cost
+    idle_start_ms: float = 0.0
     measurements_sha256: str = ""
     fitted_points: int = 0
     held_out: tuple[ErrorStats, ...] = ()
@@ -87,7 +91,7 @@ class TableFit:
         values = (self.intercept_ms, *self.segment_slopes_ms_per_token,
                   self.prefill_attention_ms_per_pair, self.decode_attention_ms_per_token,
                   self.prefill_seq_ms, self.decode_seq_ms,
-                  self.decode_padded_attention_ms_per_token)
+                  self.decode_padded_attention_ms_per_token, self.idle_start_ms)
         if not all(np.isfinite(v) and v >= 0 for v in values):
             raise ValueError(f"coefficients must be finite and >= 0, got {values}")
 
@@ -127,6 +131,11 @@ def decode_padded_tokens(shape: StepShape) -> float:
     return float(shape.num_decodes * widest)
 
 
+def starts_from_idle(shape: StepShape) -> float:
+    """1 for a prefill-only step (nothing else running: the engine was idle), else 0."""
+    return 1.0 if shape.prefill_chunk_tokens and not shape.num_decodes else 0.0
+
+
 def ramp_basis(rows: np.ndarray, knots_tokens: tuple[int, ...]) -> np.ndarray:
     """Columns whose non-negative combination is a monotone piecewise-linear function of rows.
 
@@ -158,6 +167,7 @@ class TableLatency:
     _others_s: tuple[float, float, float, float] = field(init=False, repr=False,
                                                          compare=False)
     _padded_s: float = field(init=False, repr=False, compare=False)
+    _idle_s: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.swap_s_per_token) and self.swap_s_per_token >= 0):
@@ -176,6 +186,7 @@ class TableLatency:
         object.__setattr__(self, "_others_s",
                            tuple(c / 1e3 for c in fit.other_coefficients_ms))
         object.__setattr__(self, "_padded_s", fit.decode_padded_attention_ms_per_token / 1e3)
+        object.__setattr__(self, "_idle_s", fit.idle_start_ms / 1e3)
 
     def linear_s(self, rows: float) -> float:
         """The matmul term at `rows` token rows: flat below the first knot, linear past the last."""
@@ -211,5 +222,6 @@ class TableLatency:
                     else self._values_s[0])
         a, b, c, d = self._others_s
         padded_s = self._padded_s * decode_padded_tokens(shape) if self._padded_s else 0.0
+        idle_s = self._idle_s if not decodes else 0.0
         return (linear_s + a * pairs + b * decode_tokens + c * len(chunks) + d * decodes
-                + padded_s + swap_s)
+                + padded_s + idle_s + swap_s)

@@ -1,0 +1,214 @@
+"""The profiler: its grid, thinning to a budget, the engine cycle it times, its table files."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from calibrate.grid import (
+    GridLimits,
+    GridPoint,
+    corners,
+    default_grid,
+    estimate_costs_s,
+    evenly,
+    plan_within,
+)
+from calibrate.profile import ProfileSettings, profile_engine
+from calibrate.timing import ThreadCpuClock
+from gpu_engine.engine import WallClock
+from gpu_engine.replay import replay_scenario
+from sim.cli import main
+from sim.latency.table_format import read_measurements, read_metadata
+from sim.scenario import load_scenario
+from sim.specs import get_model
+
+LIMITS = GridLimits(256, 8, 512, 10**9, 20)
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """A small real profile of the tiny engine under a 3-second budget."""
+    settings_ = ProfileSettings(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=512,
+                                budget_s=3.0, warmup=1, repeats=3, passes=1, max_group=2)
+    out = tmp_path_factory.mktemp("profile") / "cpu-tiny"
+    return settings_, profile_engine(settings_, out, show_progress=False)
+
+
+# -- the grid ---------------------------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(budget=st.integers(8, 4096), seqs=st.integers(1, 256), longest=st.integers(64, 8192),
+       pool=st.integers(1_000, 10**7), steps=st.integers(4, 40))
+def test_every_grid_point_fits_the_engine(budget: int, seqs: int, longest: int, pool: int,
+                                          steps: int) -> None:
+    seqs = min(seqs, budget)
+    limits = GridLimits(budget, seqs, longest, pool, steps)
+    grid = default_grid(limits)
+    assert len(set(grid)) == len(grid)
+    for p in grid:
+        assert limits.fits(p)
+        assert p.chunk_tokens + p.num_decodes <= budget
+        assert p.kv_tokens(steps) <= pool
+        shape = p.shape
+        assert shape.num_decodes == p.num_decodes and shape.num_prefill_tokens == p.chunk_tokens
+        assert shape.decode_context_sum <= p.num_decodes * p.decode_context
+
+
+def test_grid_spans_prefill_decode_and_mixed_within_the_budgets() -> None:
+    grid = default_grid(LIMITS)
+    prefill = [p for p in grid if p.kind == "prefill"]
+    assert min(p.chunk_tokens for p in prefill) == 1
+    assert max(p.chunk_tokens for p in prefill) == LIMITS.max_num_batched_tokens
+    assert {p.chunk_context > 0 for p in prefill} == {True, False}  # with and without context
+    decode = [p for p in grid if p.kind == "decode"]
+    assert max(p.num_decodes for p in decode) == LIMITS.max_num_seqs
+    assert any(p.ragged for p in decode) and any(not p.ragged for p in decode)
+    mixed = [p for p in grid if p.kind == "mixed"]
+    assert mixed and all(p.num_decodes and p.chunk_tokens for p in mixed)
+    # the budget-filling chunks a saturated chunked-prefill scheduler runs
+    assert any(p.chunk_tokens + p.num_decodes == LIMITS.max_num_batched_tokens for p in mixed)
+
+
+def test_corners_hold_each_familys_extremes() -> None:
+    grid = default_grid(LIMITS)
+    chosen = [grid[i] for i in corners(grid)]
+    for kind in ("prefill", "decode", "mixed"):
+        members = [p for p in grid if p.kind == kind]
+        mine = [p for p in chosen if p.kind == kind]
+        assert 2 <= len(mine) <= 4
+        if kind == "prefill":
+            sizes = [p.chunk_tokens for p in members]
+            assert {min(sizes), max(sizes)} <= {p.chunk_tokens for p in mine}
+        elif kind == "decode":
+            sizes = [p.num_decodes for p in members]
+            assert {min(sizes), max(sizes)} <= {p.num_decodes for p in mine}
+
+
+@settings(max_examples=60, deadline=None)
+@given(costs=st.lists(st.floats(0.001, 5.0), min_size=1, max_size=120),
+       budget=st.floats(0.0, 60.0))
+def test_thinning_fits_the_budget_and_spreads_evenly(costs: list[float], budget: float) -> None:
+    pending = list(range(len(costs)))
+    array = np.array(costs)
+    chosen = plan_within(pending, array, budget)
+    assert set(chosen) <= set(pending) and chosen == sorted(chosen)
+    assert array[chosen].sum() <= budget + 1e-9
+    if len(chosen) >= 2:  # evenly: gaps differ by at most one position (rounding)
+        assert chosen[0] == 0 and chosen[-1] == len(costs) - 1
+        gaps = np.diff(chosen)
+        assert gaps.max() - gaps.min() <= 1
+    if array.sum() <= budget:
+        assert chosen == pending
+
+
+def test_evenly_keeps_both_ends() -> None:
+    assert evenly(list(range(10)), 3) == [0, 4, 9] or evenly(list(range(10)), 3) == [0, 5, 9]
+    assert evenly([4, 7], 5) == [4, 7] and evenly([1, 2, 3], 0) == []
+
+
+def test_cost_estimate_follows_a_line_through_measured_points() -> None:
+    grid = [GridPoint("prefill", n) for n in (1, 64, 128, 256)]
+    truth = [0.01 + 0.001 * p.work for p in grid]
+    estimate = estimate_costs_s(grid, {0: truth[0], 3: truth[3]})
+    assert estimate == pytest.approx(truth, rel=1e-6)
+
+
+# -- a real profile --------------------------------------------------------------------
+def test_profile_respects_its_budget(profiled) -> None:  # noqa: ANN001
+    settings_, result = profiled
+    assert 0 < len(result.measurements) < result.grid_points  # thinned
+    # the corners are measured whatever the budget; past them a point starts only when its
+    # estimated cost fits what is left, so the overrun is at most about one point's time
+    corners_s = sum(result.points_s[:result.corners])
+    assert len(result.points_s) == len(result.measurements) + len(result.skipped)
+    assert result.measure_s <= max(settings_.budget_s, corners_s) + 2 * max(result.points_s)
+    kinds = {m.kind for m in result.measurements}
+    assert kinds == {"prefill", "decode", "mixed"}
+
+
+def test_profile_metadata_says_what_produced_it(profiled) -> None:  # noqa: ANN001
+    settings_, result = profiled
+    meta = read_metadata(result.directory)
+    assert meta == result.metadata
+    assert meta.torch_version == torch.__version__ and meta.device_kind == "cpu"
+    assert meta.cuda_version is None and meta.dtype == "float32"
+    assert meta.model_spec == get_model("tiny") and meta.block_size == settings_.block_size
+    assert meta.max_num_batched_tokens == 256 and meta.max_num_seqs == 8
+    assert meta.engine_commit and meta.timing == "wall"
+    assert "torch_threads=1" in meta.notes and "clock=wall" in meta.notes
+
+
+def test_measurements_round_trip_and_hold_the_cycle(profiled) -> None:  # noqa: ANN001
+    settings_, result = profiled
+    assert tuple(read_measurements(result.directory)) == result.measurements
+    for m in result.measurements:
+        assert m.repeats == settings_.repeats
+        assert m.wall_ms_p10 <= m.wall_ms_median <= m.wall_ms_p90
+        # the cycle contains the kernels: scheduling and bookkeeping come on top
+        assert m.wall_ms_median >= m.device_ms_median * 0.99
+        if m.kind != "prefill":
+            assert m.num_decodes >= 1 and m.padded_batch >= m.num_decodes
+
+
+def test_profile_cli_names_the_bad_option(capsys: pytest.CaptureFixture[str],
+                                          tmp_path: Path) -> None:
+    assert main(["calibrate", "profile", "--model", "nope", "--device", "cpu",
+                 "--out", str(tmp_path)]) == 2
+    assert "--model: unknown model 'nope'" in capsys.readouterr().err
+    assert main(["calibrate", "profile", "--model", "tiny", "--device", "cpu", "--out",
+                 str(tmp_path), "--max-num-seqs", "64", "--max-num-batched-tokens", "32"]) == 2
+    assert "--max-num-batched-tokens: must be >= max_num_seqs" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate", "profile", "--model", "tiny", "--device", "cpu", "--out",
+              str(tmp_path), "--budget-s", "-1"])
+    assert exit_info.value.code == 2
+    if not torch.cuda.is_available():
+        assert main(["calibrate", "profile", "--model", "tiny", "--device", "cuda",
+                     "--out", str(tmp_path)]) == 2
+        assert "--device" in capsys.readouterr().err
+    assert not (tmp_path / "measurements.csv").exists()
+
+
+def test_settings_problems_name_field_value_and_rule() -> None:
+    bad = dataclasses.replace(ProfileSettings(), repeats=0, clock="cpu", device="cuda")
+    problems = " | ".join(bad.problems())
+    assert "repeats: must be an integer >= 1, got 0" in problems
+    assert "clock: must be wall, or cpu with device cpu" in problems
+    assert ProfileSettings().problems() == []
+
+
+# -- the engine's clock and step durations ---------------------------------------------
+def test_replayed_step_durations_tile_the_busy_time() -> None:
+    """Back to back, each step starts where the last ended: host work between steps is
+    charged to a step, as the simulator's steps tile its clock."""
+    scenario, base = load_scenario("scenarios/calibrate_cpu.yaml", [
+        "workload.num_requests=6", "workload.arrivals.rate=1000",
+        "workload.output_tokens={dist: fixed, value: 6}",
+        "workload.prompt_tokens={dist: fixed, value: 40}"])
+    run = replay_scenario(scenario, base, show_progress=False)
+    steps = run.steps
+    assert len(steps) >= 6
+    for prev, nxt in zip(steps, steps[1:], strict=False):
+        assert nxt.start_s == pytest.approx(prev.start_s + prev.duration_s, abs=1e-9)
+    busy = sum(s.duration_s for s in steps)
+    assert busy == pytest.approx(steps[-1].start_s + steps[-1].duration_s - steps[0].start_s)
+
+
+def test_wall_clock_wakes_on_time_and_cpu_clock_skips_idle() -> None:
+    clock = WallClock()
+    target = clock.now() + 0.005
+    clock.wait_until(target)
+    assert 0 <= clock.now() - target < 0.002
+    cpu = ThreadCpuClock()
+    before = cpu.now()
+    cpu.wait_until(before + 100.0)  # no sleeping: the clock jumps
+    assert cpu.now() == pytest.approx(before + 100.0, abs=0.01)
+    cpu.wait_until(0.0)
+    assert cpu.now() >= before + 100.0 and math.isfinite(cpu.now())

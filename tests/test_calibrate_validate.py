@@ -1,0 +1,250 @@
+"""Validation: the CPU engine and the simulator with its fitted table agree on one workload."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibrate import gpu_check
+from calibrate.bracket import bracket_problems
+from calibrate.fit import fit_table
+from calibrate.profile import ProfileSettings, profile_engine
+from calibrate.report import markdown, requests_frame, step_errors, write_report
+from calibrate.validate import METRICS, compare, relative_error_pct, run_engine, steps_table
+from sim.cli import main
+from sim.core.plan import StepShape
+from sim.latency.table_format import open_table_latency
+from sim.scenario import load_scenario
+
+SCENARIO = """
+name: ci_calibrate
+seed: 3
+model: tiny
+hardware:
+  gpu: {name: cpu-host, bf16_flops_per_s: 5.0e10, memory_bytes: 268435456,
+        memory_bandwidth_bytes_per_s: 1.0e10, interconnect_bandwidth_bytes_per_s: 1.0e10,
+        host_link_bandwidth_bytes_per_s: 1.0e10}
+  memory_utilization: 0.5
+scheduler: {policy: continuous, max_num_seqs: 8, max_num_batched_tokens: 256,
+            max_model_len: 512}
+kv: {block_size: 16}
+engine: {device: cpu, dtype: float32}
+workload:
+  arrivals: {process: poisson, rate: 6.0}
+  prompt_tokens: {dist: lognormal, mean: 64, cv: 0.5, min: 4, max: 240}
+  output_tokens: {dist: lognormal, mean: 16, cv: 0.5, min: 2, max: 48}
+  num_requests: 30
+"""
+
+
+ROUNDS = 3  # replays, each between two passes of the profile
+PROFILE = ProfileSettings(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=512,
+                          budget_s=14.0, repeats=5, passes=ROUNDS + 1)
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """Profile the tiny CPU engine in 4 passes with a 30-request replay between each two;
+    fit; compare each replay with the simulator on its own requests.
+
+    Bracketing is what makes the bounds hold on a shared machine, whose speed swings by
+    tens of percent over seconds: every point's samples average the passes around every
+    replay, and the median over replays keeps one unlucky moment from deciding.
+    """
+    root = tmp_path_factory.mktemp("calibrate")
+    scenario_path = root / "ci.yaml"
+    scenario_path.write_text(SCENARIO)
+    replays = []
+
+    def replay(finished_pass: int) -> None:
+        scenario, base_dir = load_scenario(scenario_path, [f"seed={10 + finished_pass}"])
+        replays.append((scenario, base_dir, run_engine(scenario, base_dir, threads=1,
+                                                       show_progress=False)))
+
+    table = root / "cpu-tiny"
+    profile_engine(PROFILE, table, show_progress=False, between_passes=replay)
+    fit_table(table)
+    fidelities = [compare(scenario, base_dir, table, run) for scenario, base_dir, run in replays]
+    written = write_report(fidelities[0], root / "fidelity")
+    return root, table, scenario_path, fidelities, written
+
+
+def test_simulator_matches_the_engine_on_a_noisy_machine(calibrated) -> None:  # noqa: ANN001
+    _, _, _, fidelities, _ = calibrated
+    for fidelity in fidelities:
+        assert fidelity.engine.summary["completed"] == 30
+        assert fidelity.table.summary["completed"] == 30
+    report = " | ".join("; ".join(f"{m.label} engine {m.engine:.2f} sim {m.table:.2f} "
+                                  f"({m.table_error_pct:+.1f}%)" for m in f.metrics)
+                        for f in fidelities)
+    errors = {key: abs(float(np.median([f.metric(key).table_error_pct for f in fidelities])))
+              for key, _, _ in METRICS}
+    assert errors["request_throughput"] <= 10, report
+    assert errors["median_ttft_ms"] <= 15, report
+    assert errors["median_tpot_ms"] <= 15, report
+    # calibration buys something: the roofline of a made-up "cpu-host" is far off
+    roofline = abs(float(np.median([f.metric("median_ttft_ms").roofline_error_pct
+                                    for f in fidelities])))
+    assert roofline > errors["median_ttft_ms"], report
+
+
+def test_report_carries_the_actual_numbers(calibrated) -> None:  # noqa: ANN001
+    root, _, _, fidelities, written = calibrated
+    fidelity = fidelities[0]
+    out = root / "fidelity"
+    names = {p.name for p in written}
+    assert {"fidelity.json", "fidelity.md", "steps.csv", "requests.csv", "latency_cdf.png",
+            "step_latency.png"} <= names
+    data = json.loads((out / "fidelity.json").read_text())
+    assert [m["key"] for m in data["metrics"]] == [k for k, _, _ in METRICS]
+    for row, m in zip(data["metrics"], fidelity.metrics, strict=True):
+        assert row["engine"] == pytest.approx(m.engine)
+        assert row["table"] == pytest.approx(m.table)
+        assert row["table_error_pct"] == pytest.approx(m.table_error_pct)
+        assert row["roofline"] == pytest.approx(m.roofline)
+    assert data["table_metadata"]["device_kind"] == "cpu"
+    text = (out / "fidelity.md").read_text()
+    for m in fidelity.metrics:
+        assert f"| {m.label} ({m.unit}) |" in text
+        assert f"{m.table_error_pct:+.1f}%" in text
+    steps = pd.read_csv(out / "steps.csv")
+    assert len(steps) == fidelity.info["engine_steps"] == len(fidelity.steps)
+    requests = pd.read_csv(out / "requests.csv")
+    assert len(requests) == 30 and requests["ttft_ms_engine"].notna().all()
+    # the table's TTFT p50 in the JSON is the median of the requests the CSV lists
+    assert requests["ttft_ms_table"].median() == pytest.approx(
+        fidelity.metric("median_ttft_ms").table, rel=1e-6)
+
+
+def test_each_engine_step_is_priced_by_both_models(calibrated) -> None:  # noqa: ANN001
+    _, table, _, fidelities, _ = calibrated
+    fidelity = fidelities[0]
+    model = open_table_latency(table)
+    steps = fidelity.steps
+    assert set(steps["kind"]) <= {"prefill", "decode", "mixed"}
+    assert (steps["measured_ms"] > 0).all() and (steps["roofline_ms"] > 0).all()
+    for row in steps[steps["kind"] == "decode"].head(20).itertuples():
+        shape = StepShape(num_decodes=row.num_decodes, decode_context_sum=row.decode_context_sum,
+                          decode_context_max=row.decode_context_max, padded_batch=row.num_seqs)
+        assert row.table_ms == pytest.approx(model.step_time(shape) * 1e3)
+    # back to back, the steps tile the engine's busy time: no overlaps, gaps only when idle
+    ends = steps["start_s"] + steps["measured_ms"] / 1e3
+    assert (steps["start_s"].iloc[1:].to_numpy() >= ends.iloc[:-1].to_numpy() - 1e-9).all()
+
+
+def test_validate_refuses_a_table_of_another_setup(calibrated, tmp_path: Path,  # noqa: ANN001
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    _, table, scenario, _, _ = calibrated
+    code = main(["calibrate", "validate", str(scenario), "--table", str(table), "--set",
+                 "kv.block_size=32", "--out", str(tmp_path / "x"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--table:" in err and "block_size: table 16, scenario 32" in err
+    assert main(["calibrate", "validate", str(scenario), "--table",
+                 str(tmp_path / "missing"), "--quiet"]) == 2
+    assert "no such calibration table directory" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_bracketing_refuses_what_it_cannot_compare(calibrated, tmp_path: Path,  # noqa: ANN001
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    _, _, scenario_path, _, _ = calibrated
+    scenario, _ = load_scenario(scenario_path)
+    ok = ProfileSettings(passes=2)
+    assert bracket_problems(ok, scenario) == []
+    assert "passes: bracketing a replay needs at least 2 passes, got 1" in bracket_problems(
+        dataclasses.replace(ok, passes=1), scenario)
+    assert any(p.startswith("model:") for p in bracket_problems(
+        dataclasses.replace(ok, model="llama-100m"), scenario))
+    assert any(p.startswith("block_size:") for p in bracket_problems(
+        dataclasses.replace(ok, block_size=32), scenario))
+    assert main(["calibrate", "profile", "--model", "tiny", "--device", "cpu", "--out",
+                 str(tmp_path / "t"), "--passes", "1", "--validate", str(scenario_path)]) == 2
+    assert "--passes: bracketing a replay needs at least 2" in capsys.readouterr().err
+    assert main(["calibrate", "profile", "--model", "tiny", "--device", "cpu", "--out",
+                 str(tmp_path / "t"), "--validate", str(tmp_path / "none.yaml")]) == 2
+    assert "--validate:" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()
+
+
+def test_relative_error_is_signed_against_the_engine() -> None:
+    assert relative_error_pct(110.0, 100.0) == pytest.approx(10.0)
+    assert relative_error_pct(90.0, 100.0) == pytest.approx(-10.0)
+    assert math.isnan(relative_error_pct(1.0, 0.0))
+    assert math.isnan(relative_error_pct(math.nan, 1.0))
+
+
+def test_step_errors_sum_busy_time_per_kind() -> None:
+    steps = pd.DataFrame({"kind": ["decode", "decode", "prefill"],
+                          "measured_ms": [2.0, 2.0, 10.0], "table_ms": [1.0, 3.0, 12.0],
+                          "roofline_ms": [1.0, 1.0, 1.0]})
+    rows = step_errors(steps).set_index("kind")
+    assert rows.loc["decode", "table_busy_error_pct"] == pytest.approx(0.0)
+    assert rows.loc["decode", "table_median_ape_pct"] == pytest.approx(50.0)
+    assert rows.loc["prefill", "table_busy_error_pct"] == pytest.approx(20.0)
+    assert rows.loc["all", "roofline_busy_error_pct"] == pytest.approx((3 / 14 - 1) * 100)
+    assert rows.loc["all", "steps"] == 3
+
+
+def test_markdown_and_requests_frame_of_a_real_run(calibrated) -> None:  # noqa: ANN001
+    fidelity = calibrated[3][0]
+    text = markdown(fidelity, plots=False)
+    assert "latency_cdf.png" not in text and "Largest table error" in text
+    frame = requests_frame(fidelity)
+    assert list(frame["request_id"]) == sorted(frame["request_id"])
+    assert {"ttft_ms_engine", "tpot_ms_table", "e2el_ms_roofline"} <= set(frame.columns)
+
+
+def test_steps_table_prices_shapes_with_the_given_models() -> None:
+    from gpu_engine.engine import StepLog
+
+    class Fixed:
+        name = "fixed"
+
+        def __init__(self, seconds: float) -> None:
+            self.seconds = seconds
+
+        def step_time(self, shape: StepShape) -> float:
+            return self.seconds * (1 + shape.num_decodes)
+
+    logs = [StepLog(0.0, 0.004, 0.004, 0.003, StepShape(num_decodes=3,
+                                                          decode_context_sum=30), 3, 48),
+            StepLog(0.004, 0.01, 0.01, 0.009, StepShape((16,), (0,)), 1, 16)]
+    frame = steps_table(logs, Fixed(0.001), Fixed(0.002))  # type: ignore[arg-type]
+    assert list(frame["kind"]) == ["decode", "prefill"]
+    assert list(frame["table_ms"]) == pytest.approx([4.0, 1.0])
+    assert list(frame["roofline_ms"]) == pytest.approx([8.0, 2.0])
+    assert list(frame["measured_ms"]) == pytest.approx([4.0, 10.0])
+
+
+# -- the GPU script, on its CPU path ----------------------------------------------------
+def test_gpu_script_smoke_runs_the_whole_path(tmp_path: Path) -> None:
+    assert gpu_check.main([str(tmp_path), "--smoke"]) == 0
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| TTFT p50 (ms) |" in summary and "## tiny" in summary
+    data = json.loads((tmp_path / "summary.json").read_text())
+    model = data["models"]["tiny"]
+    assert model["profile"]["points"] >= 10 and model["validate"]["metrics"]
+    assert (tmp_path / "tiny" / "table" / "fit.json").is_file()
+    assert (tmp_path / "tiny" / "fidelity" / "fidelity.md").is_file()
+
+
+def test_gpu_script_time_guard_stops_and_still_writes_a_summary(tmp_path: Path) -> None:
+    assert gpu_check.main([str(tmp_path), "--smoke", "--deadline-s", "1.5"]) == 3
+    summary = (tmp_path / "summary.md").read_text()
+    assert "time guard" in summary and "stopped" in summary
+
+
+def test_gpu_script_refuses_cuda_without_a_gpu(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the full run would start")
+    assert gpu_check.main([str(tmp_path)]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
