@@ -62,4 +62,7 @@ def profile_and_validate(settings: ProfileSettings, out_dir: str | Path, scenari
     if not replays:
         raise RuntimeError("the budget ran out before the replay's pass; raise --budget-s")
     report = fit_table(out_dir)
-    return Bracketed(result, report, compare(scenario, base_dir, out_dir, replays[0]))
+    fidelity = compare(scenario, base_dir, out_dir, replays[0])
+    where = f"between passes {middle} and {middle + 1} of the profile's {settings.num_passes}"
+    return Bracketed(result, report, dataclasses.replace(
+        fidelity, info={**fidelity.info, "bracketed": where}))

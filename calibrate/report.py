@@ -108,6 +108,8 @@ def markdown(fidelity: Fidelity, plots: bool = True) -> str:
         f"requests with the calibration table `{fidelity.table_dir.name}` "
         f"({meta.model_spec.name}, {meta.dtype}, block size {meta.block_size}, profiled "
         f"{meta.created}, commit {str(meta.engine_commit)[:12]}) and with the roofline model.",
+        *(["", f"The replay ran {info['bracketed']}, so the table averages the machine's "
+              "speed around it."] if info.get("bracketed") else []),
         "", f"Largest table error over these metrics: {worst:.1f}%.", "",
         metrics_markdown(fidelity), "",
         "Error = (simulator - engine) / engine. Per engine step, each model's prediction for "
@@ -149,9 +151,9 @@ def write_report(fidelity: Fidelity, out_dir: str | Path, plots: bool = True) ->
                out / "requests.csv"]
     written[0].write_text(json.dumps(report_dict(fidelity), indent=2) + "\n")
     written[1].write_text(markdown(fidelity, plots))
-    fidelity.steps.to_csv(written[2], index=False)
+    fidelity.steps.round(6).to_csv(written[2], index=False, float_format="%.6g")
     requests = requests_frame(fidelity)
-    requests.to_csv(written[3], index=False)
+    requests.to_csv(written[3], index=False, float_format="%.6g")
     if plots:
         written += _plot(fidelity, requests, out)
     return written
