@@ -201,11 +201,21 @@ def test_replayed_step_durations_tile_the_busy_time() -> None:
     assert busy == pytest.approx(steps[-1].start_s + steps[-1].duration_s - steps[0].start_s)
 
 
-def test_wall_clock_wakes_on_time_and_cpu_clock_skips_idle() -> None:
+def test_wall_clock_sleeps_then_spins_and_cpu_clock_skips_idle(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpu_engine.engine as engine_module
+
+    slept: list[float] = []
+    monkeypatch.setattr(engine_module.time, "sleep", slept.append)  # record, do not sleep
     clock = WallClock()
-    target = clock.now() + 0.005
+    target = clock.now() + 0.05
     clock.wait_until(target)
-    assert 0 <= clock.now() - target < 0.002
+    assert clock.now() >= target  # never early: the last stretch is spun
+    assert len(slept) == 1 and 0.04 < slept[0] <= 0.048  # asleep until ~2 ms before
+    slept.clear()
+    spinner = WallClock(spin_s=math.inf)
+    spinner.wait_until(spinner.now() + 0.01)
+    assert slept == []  # spins throughout: the core never idles
     cpu = ThreadCpuClock()
     before = cpu.now()
     cpu.wait_until(before + 100.0)  # no sleeping: the clock jumps
