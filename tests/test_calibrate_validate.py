@@ -98,7 +98,9 @@ def test_simulator_matches_the_engine_on_a_noisy_machine(calibrated, tmp_path: P
     request-level metrics are checked at the speed each replay actually ran (the table
     rescaled by the replay's measured / predicted busy time): that is what the
     simulator adds to the table, and it always holds. The table's own level is checked
-    too whenever the machine held its speed across the replays (within 15%).
+    too whenever every replay ran at the profile's speed (within 5%): on a CI box the
+    replays once all ran 3-11% slower than the passes around them, which moves TPOT by
+    as much whatever the table.
     """
     _, table, _, fidelities, _, replays = calibrated
     for fidelity in fidelities:
@@ -123,7 +125,7 @@ def test_simulator_matches_the_engine_on_a_noisy_machine(calibrated, tmp_path: P
     assert raw["request_throughput"] <= 10, report
     assert rescaled["median_ttft_ms"] <= 15, report
     assert rescaled["median_tpot_ms"] <= 15, report
-    if max(speeds) / min(speeds) <= 1.15:  # the machine held still: the level is testable
+    if all(abs(k - 1) <= 0.05 for k in speeds):  # ran at the profile's speed
         assert raw["median_ttft_ms"] <= 15, report
         assert raw["median_tpot_ms"] <= 15, report
     # calibration buys something: the roofline of a made-up "cpu-host" is far off
@@ -276,6 +278,21 @@ def test_gpu_script_time_guard_stops_and_still_writes_a_summary(tmp_path: Path) 
     assert gpu_check.main([str(tmp_path), "--smoke", "--deadline-s", "1.5"]) == 3
     summary = (tmp_path / "summary.md").read_text()
     assert "time guard" in summary and "stopped" in summary
+
+
+def test_gpu_script_alarm_fires_again_when_its_exception_is_swallowed() -> None:
+    """An exception raised in a gc callback or finalizer is printed and dropped by Python;
+    the alarm re-arms itself so the time guard still lands on the next tick."""
+    import signal
+
+    previous = signal.signal(signal.SIGALRM, lambda *_: None)
+    try:
+        with pytest.raises(gpu_check.TimeUp):
+            gpu_check._alarm(signal.SIGALRM, None)
+        assert signal.getitimer(signal.ITIMER_REAL)[0] > 0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def test_gpu_script_refuses_cuda_without_a_gpu(tmp_path: Path,
