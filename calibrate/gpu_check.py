@@ -80,14 +80,23 @@ class TimeUp(Exception):
     """The deadline passed."""
 
 
-_REARM_S = 0.5  # the alarm repeats until main catches it
+class Alarm:
+    """The SIGALRM handler: raise TimeUp, remember that it fired, and fire again shortly.
 
+    Python prints and drops an exception raised while a finalizer or gc callback
+    runs, so one alarm may never reach `main`: it re-arms until caught, and `main`
+    also reads `fired` when the work ended without seeing it.
+    """
 
-def _alarm(_signum: int, _frame: Any) -> None:
-    """Raise TimeUp, and fire again shortly: Python swallows an exception raised while a
-    finalizer or gc callback runs, and one swallowed alarm must not end the time guard."""
-    signal.setitimer(signal.ITIMER_REAL, _REARM_S)
-    raise TimeUp
+    rearm_s = 0.5
+
+    def __init__(self) -> None:
+        self.fired = False
+
+    def __call__(self, _signum: int, _frame: Any) -> None:
+        self.fired = True
+        signal.setitimer(signal.ITIMER_REAL, self.rearm_s)
+        raise TimeUp
 
 
 def find_trace(explicit: str | None) -> tuple[str, str]:
@@ -233,9 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         "requests": plan.num_requests, "time_scale": plan.time_scale,
         "deadline_s": deadline_s}
     logs: dict[str, dict[str, Any]] = {}
-    previous = signal.signal(signal.SIGALRM, _alarm)
+    alarm = Alarm()
+    previous = signal.signal(signal.SIGALRM, alarm)
     signal.setitimer(signal.ITIMER_REAL, deadline_s)
-    code = 0
     try:
         for i, (model, budget_s) in enumerate(plan.models):
             later = sum(b + plan.validate_overhead_s + 60 for _, b in plan.models[i + 1:])
@@ -243,14 +252,16 @@ def main(argv: list[str] | None = None) -> int:
             logs[model] = {}
             run_model(model, budget, plan, trace, out, deadline, logs[model])
     except TimeUp:
+        pass
+    finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    code = 0
+    if alarm.fired:
         phase = next((f"{m} {log.get('phase')}" for m, log in reversed(logs.items())), "setup")
         info["stopped"] = f"stopped by the {deadline_s:.0f} s time guard during {phase}"
         print(f"\n{info['stopped']}", file=sys.stderr)
         code = 3
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
     info["elapsed_s"] = time.perf_counter() - started
     summary = write_summary(out, logs, info)
     print(f"\nwrote {summary} ({info['elapsed_s']:.0f} s)")

@@ -280,15 +280,18 @@ def test_gpu_script_time_guard_stops_and_still_writes_a_summary(tmp_path: Path) 
     assert "time guard" in summary and "stopped" in summary
 
 
-def test_gpu_script_alarm_fires_again_when_its_exception_is_swallowed() -> None:
-    """An exception raised in a gc callback or finalizer is printed and dropped by Python;
-    the alarm re-arms itself so the time guard still lands on the next tick."""
+def test_gpu_script_alarm_is_remembered_and_fires_again_when_swallowed() -> None:
+    """An exception raised in a gc callback or finalizer is printed and dropped by Python:
+    the alarm re-arms itself, and remembers that it fired for when the work ends anyway."""
     import signal
 
+    alarm = gpu_check.Alarm()
     previous = signal.signal(signal.SIGALRM, lambda *_: None)
     try:
+        assert not alarm.fired
         with pytest.raises(gpu_check.TimeUp):
-            gpu_check._alarm(signal.SIGALRM, None)
+            alarm(signal.SIGALRM, None)
+        assert alarm.fired
         assert signal.getitimer(signal.ITIMER_REAL)[0] > 0
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
