@@ -24,7 +24,14 @@ from sim.text import ByteTokenizer, Tokenizer, TokenizerError, load_tokenizer
 from sim.text.catalogue import find_known
 from sim.workload.arrivals import ArrivalProcess, arrival_chunks_s
 from sim.workload.lengths import LengthSpec, sample_lengths
-from sim.workload.traces import Trace, TraceFormatError, _count, _fail, _seconds
+from sim.workload.traces import (
+    Trace,
+    TraceFormatError,
+    _count,
+    _fail,
+    _seconds,
+    jsonl_records,
+)
 
 _ARRIVAL_KEYS = ("arrival_s", "timestamp")
 _EXPECTED = 'a JSON object with a "prompt" string'
@@ -55,18 +62,7 @@ def is_text_jsonl(path: Path) -> bool:
 
 def read_prompts(path: Path) -> list[tuple[int, dict]]:
     """(line number, record) of every non-blank row; each must carry a string `prompt`."""
-    rows: list[tuple[int, dict]] = []
-    with path.open(encoding="utf-8") as handle:
-        for line, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError:
-                raise _fail(path, line, _EXPECTED, text.strip()[:80]) from None
-            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-                raise _fail(path, line, _EXPECTED, text.strip()[:80])
-            rows.append((line, record))
+    rows = list(jsonl_records(path, _EXPECTED, lambda r: isinstance(r.get("prompt"), str)))
     if not rows:
         raise TraceFormatError(f"{path}: the trace has no rows")
     return rows

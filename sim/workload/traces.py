@@ -22,6 +22,7 @@ import csv
 import json
 import math
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -196,6 +197,24 @@ def _read_mooncake(
     outputs: list[int] = []
     hashes: list[tuple[int, ...]] = []
     expected = 'a JSON object with "timestamp" (ms), "input_length", "output_length"'
+    keys = {"timestamp", "input_length", "output_length"}
+    for line, record in jsonl_records(path, expected, lambda r: keys <= r.keys()):
+        arrivals.append(_seconds(record["timestamp"], path, line, "timestamp") / 1000.0)
+        prompts.append(_count(record["input_length"], path, line, "input_length"))
+        outputs.append(_count(record["output_length"], path, line, "output_length"))
+        ids = record.get("hash_ids", [])
+        if not isinstance(ids, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in ids
+        ):
+            raise _fail(path, line, "hash_ids as a list of integers", ids)
+        hashes.append(tuple(ids))
+    return arrivals, prompts, outputs, hashes
+
+
+def jsonl_records(path: Path, expected: str, valid: Callable[[dict], bool]
+                  ) -> Iterator[tuple[int, dict]]:
+    """(line number, record) of each non-blank row; a row that is not a JSON object passing
+    `valid` stops the read, naming the file, the line, `expected` and what was there."""
     with path.open(encoding="utf-8") as handle:
         for line, text in enumerate(handle, start=1):
             if not text.strip():
@@ -204,21 +223,9 @@ def _read_mooncake(
                 record = json.loads(text)
             except json.JSONDecodeError:
                 raise _fail(path, line, expected, text.strip()[:80]) from None
-            if (
-                not isinstance(record, dict)
-                or not {"timestamp", "input_length", "output_length"} <= record.keys()
-            ):
+            if not isinstance(record, dict) or not valid(record):
                 raise _fail(path, line, expected, text.strip()[:80])
-            arrivals.append(_seconds(record["timestamp"], path, line, "timestamp") / 1000.0)
-            prompts.append(_count(record["input_length"], path, line, "input_length"))
-            outputs.append(_count(record["output_length"], path, line, "output_length"))
-            ids = record.get("hash_ids", [])
-            if not isinstance(ids, list) or not all(
-                isinstance(i, int) and not isinstance(i, bool) for i in ids
-            ):
-                raise _fail(path, line, "hash_ids as a list of integers", ids)
-            hashes.append(tuple(ids))
-    return arrivals, prompts, outputs, hashes
+            yield line, record
 
 
 def detect_format(path: Path) -> TraceFormat:
