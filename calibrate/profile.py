@@ -51,8 +51,8 @@ from calibrate.grid import (
 )
 from calibrate.rig import Rig, build_rig, table_metadata
 from calibrate.shaping import PointRun, shape_matches, to_measurement
-from calibrate.timing import TIMERS, ThreadCpuClock, frozen_gc, steady_malloc, torch_threads
 from gpu_engine.engine import StepLog
+from gpu_engine.host import TIMERS, ThreadCpuClock, frozen_gc, steady_malloc, torch_threads
 from sim.latency.table_format import Measurement, TableMetadata, write_measurements
 
 __all__ = ["ProfileResult", "ProfileSettings", "ThreadCpuClock", "frozen_gc", "profile_engine",

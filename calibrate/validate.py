@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,21 +25,14 @@ from typing import Any
 
 import pandas as pd
 import torch
-from tqdm import tqdm
 
-from calibrate.timing import ThreadCpuClock, frozen_gc, steady_malloc, torch_threads
-from gpu_engine.engine import StepLog, WallClock
-from gpu_engine.runner import ModelRunner, block_width_bucket
-from gpu_engine.sampling import SamplingParams
-from gpu_engine.setup import build_engine
-from sim.core.request import Request
-from sim.des import ReplicaSetup
+from gpu_engine.engine import StepLog
+from gpu_engine.host import torch_threads
+from gpu_engine.replay import replay_scenario
 from sim.latency import LatencyModel
 from sim.latency.table_format import TableMetadata, load_table
-from sim.metrics import RunRecorder
-from sim.run import RunResult, build_latency, run_scenario, summarize
+from sim.run import RunResult, build_latency, run_scenario
 from sim.scenario import LatencyConfig, Scenario, load_scenario
-from sim.workload import make_requests
 
 # (summary key, label, unit): the metrics the fidelity report compares
 METRICS: tuple[tuple[str, str, str], ...] = (
@@ -114,55 +106,6 @@ def table_clock(metadata: TableMetadata) -> str:
     return found.group(1) if found else "wall"
 
 
-def _capture_graphs(runner: ModelRunner, requests: Sequence[Request], block_size: int) -> int:
-    """Capture every decode graph (batch bucket x block-table width) the requests can reach."""
-    if not runner.use_graphs or not requests:
-        return 0
-    longest = max(r.prompt_tokens + r.output_tokens for r in requests)
-    need = block_width_bucket(math.ceil(longest / block_size), runner.max_blocks_per_seq)
-    widths, width = [], block_width_bucket(1, runner.max_blocks_per_seq)
-    while True:
-        widths.append(width)
-        if width >= need:
-            break
-        width = block_width_bucket(width + 1, runner.max_blocks_per_seq)
-    return runner.capture_all(tuple(widths))
-
-
-def replay_engine(scenario: Scenario, base_dir: Path | None, device: str,
-                  show_progress: bool = True, clock: str = "wall"
-                  ) -> tuple[RunResult, tuple[StepLog, ...], float]:
-    """The scenario on the engine (wall clock, or ThreadCpuClock on a CPU with clock="cpu");
-    returns the run, its steps and the setup seconds."""
-    started = time.perf_counter()
-    setup = build_engine(scenario, base_dir, device=device)
-    engine = setup.engine
-    requests = list(make_requests(scenario.workload, scenario.seed, base_dir))
-    _capture_graphs(engine.runner, requests, scenario.kv.block_size)
-    if setup.device.type == "cuda":
-        torch.cuda.synchronize()
-    setup_s = time.perf_counter() - started
-    s = scenario.engine.sampling
-    sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
-    recorder = RunRecorder()
-    with tqdm(total=len(requests), unit="req", desc="engine", delay=2.0,
-              disable=not show_progress) as bar, frozen_gc():
-        # arrivals count from here, not from the engine's build (nor the collection above)
-        # idle waits spin: a sleeping virtual CPU runs the next tens of ms slower, which no
-        # profiled (back-to-back) step shows
-        engine.clock = ThreadCpuClock() if clock == "cpu" else WallClock(  # type: ignore
-            spin_s=math.inf)
-        engine.replay(requests, recorder, sampling, on_done=bar.update)
-    wall_s = time.perf_counter() - started - setup_s
-    replica = ReplicaSetup(engine.scheduler, None, recorder, setup.kv_manager)  # type: ignore[arg-type]
-    summary = summarize(scenario, setup.budget, recorder, [replica])
-    summary["latency_model"] = setup.description
-    summary["simulation_wall_s"] = wall_s
-    result = RunResult(scenario, summary, recorder, setup.budget,
-                       setup.kv_manager.num_usable_blocks, setup.description, wall_s, (recorder,))
-    return result, tuple(engine.steps), setup_s
-
-
 def steps_table(steps: Sequence[StepLog], table: LatencyModel, roofline: LatencyModel
                 ) -> pd.DataFrame:
     """One row per engine step: its shape, measured times and both models' predictions (ms)."""
@@ -205,15 +148,14 @@ def run_engine(scenario: Scenario, base_dir: Path | None, device: str = "cpu",
     torch's), `clock` wall or cpu (ThreadCpuClock, CPU only)."""
     if clock not in ("wall", "cpu") or (clock == "cpu" and device != "cpu"):
         raise ValueError(f"clock: must be wall, or cpu on a CPU, got {clock!r} on {device}")
-    malloc = "steady" if device == "cpu" and steady_malloc() else "default"
     load_before = os.getloadavg()
     with torch_threads(threads if device == "cpu" else None):
-        result, steps, setup_s = replay_engine(scenario, base_dir, device, show_progress,
-                                               clock)
+        run = replay_scenario(scenario, base_dir, show_progress, device=device, clock=clock)
         used_threads = torch.get_num_threads()
-    info = {"torch_threads": used_threads, "clock": clock, "malloc": malloc,
+    result, steps = run.result, run.steps
+    info = {"torch_threads": used_threads, "clock": clock, "malloc": run.malloc,
             "load_avg_before": load_before,
-            "load_avg_after": os.getloadavg(), "engine_setup_s": setup_s,
+            "load_avg_after": os.getloadavg(), "engine_setup_s": run.setup_s,
             "engine_wall_s": result.wall_s, "engine_steps": len(steps),
             "torch_version": torch.__version__, "engine": result.latency_name}
     return EngineReplay(result, steps, info)

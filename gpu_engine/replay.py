@@ -7,16 +7,22 @@ its whole-step wall time and device time), which calibration reads.
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import torch
 from tqdm import tqdm
 
-from gpu_engine.engine import StepLog
+from gpu_engine.engine import StepLog, WallClock
+from gpu_engine.host import ThreadCpuClock, frozen_gc, steady_malloc
+from gpu_engine.runner import ModelRunner, block_width_bucket
 from gpu_engine.sampling import SamplingParams
 from gpu_engine.setup import EngineSetup, build_engine
+from sim.core.request import Request
 from sim.des import ReplicaSetup
 from sim.latency import LatencyModel
 from sim.metrics import RunRecorder
@@ -30,6 +36,8 @@ class EngineRun:
     result: RunResult
     setup: EngineSetup
     steps: tuple[StepLog, ...]
+    setup_s: float = 0.0  # building the engine and capturing graphs, before any arrival
+    malloc: str = "default"  # "steady" where glibc was told to keep freed memory
 
     def write_outputs(self, out_dir: Path, plots: bool = True) -> list[Path]:
         written = self.result.write_outputs(out_dir, plots=plots)
@@ -59,19 +67,37 @@ def steps_frame(steps: tuple[StepLog, ...] | list[StepLog]) -> pd.DataFrame:
 
 def replay_scenario(scenario: Scenario, base_dir: Path | None = None,
                     show_progress: bool = True, latency: LatencyModel | None = None,
-                    device: str | None = None) -> EngineRun:
-    """Serve the scenario's requests; `latency` set = virtual clock (no waiting on arrivals)."""
+                    device: str | None = None, clock: str = "wall") -> EngineRun:
+    """Serve the scenario's requests; `latency` set = virtual clock (no waiting on arrivals).
+
+    Served as it is profiled (gpu_engine/host.py), so a replay and a calibration
+    table time the same engine: every decode graph the requests can reach is
+    captured before the first arrival, the collector is frozen over the set-up's
+    objects, glibc keeps freed memory on a CPU, and idle waits spin (`clock`
+    wall), or engine time is the thread's CPU time (`clock` cpu, CPU only).
+    """
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"clock: must be wall or cpu, got {clock!r}")
+    started = time.perf_counter()
     setup = build_engine(scenario, base_dir, latency=latency, device=device)
+    if clock == "cpu" and setup.device.type != "cpu":
+        raise ValueError(f"clock: cpu times a CPU engine only, not {setup.device.type}")
+    malloc = "steady" if setup.device.type == "cpu" and steady_malloc() else "default"
     engine = setup.engine
     recorder = RunRecorder()
-    requests = make_requests(scenario.workload, scenario.seed, base_dir)
+    requests = list(make_requests(scenario.workload, scenario.seed, base_dir))
+    capture_reachable_graphs(engine.runner, requests, scenario.kv.block_size)
+    if setup.device.type == "cuda":
+        torch.cuda.synchronize()
     s = scenario.engine.sampling
     sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
-    started = time.perf_counter()
-    with tqdm(total=scenario.workload.num_requests, unit="req", delay=2.0,
-              disable=not show_progress, desc="serving") as bar:
+    setup_s = time.perf_counter() - started
+    with tqdm(total=len(requests), unit="req", delay=2.0, disable=not show_progress,
+              desc="serving") as bar, frozen_gc():
+        if latency is None:  # arrivals count from here, not from the build
+            engine.clock = ThreadCpuClock() if clock == "cpu" else WallClock(spin_s=math.inf)
         engine.replay(requests, recorder, sampling, on_done=bar.update)
-    wall_s = time.perf_counter() - started
+    wall_s = time.perf_counter() - started - setup_s
     replica = ReplicaSetup(engine.scheduler, latency, recorder, setup.kv_manager)  # type: ignore[arg-type]
     summary = summarize(scenario, setup.budget, recorder, [replica])
     summary["replicas"] = []
@@ -81,4 +107,21 @@ def replay_scenario(scenario: Scenario, base_dir: Path | None = None,
     summary["simulation_wall_s"] = wall_s
     result = RunResult(scenario, summary, recorder, setup.budget,
                        setup.kv_manager.num_usable_blocks, name, wall_s, (recorder,))
-    return EngineRun(result, setup, tuple(engine.steps))
+    return EngineRun(result, setup, tuple(engine.steps), setup_s, malloc)
+
+
+def capture_reachable_graphs(runner: ModelRunner, requests: Sequence[Request],
+                             block_size: int) -> int:
+    """Capture every decode graph (batch bucket x block-table width) the requests can reach,
+    so that no capture stalls a served step. Returns how many were captured."""
+    if not runner.use_graphs or not requests:
+        return 0
+    longest = max(r.prompt_tokens + r.output_tokens for r in requests)
+    need = block_width_bucket(math.ceil(longest / block_size), runner.max_blocks_per_seq)
+    widths, width = [], block_width_bucket(1, runner.max_blocks_per_seq)
+    while True:
+        widths.append(width)
+        if width >= need:
+            break
+        width = block_width_bucket(width + 1, runner.max_blocks_per_seq)
+    return runner.capture_all(tuple(widths))

@@ -22,8 +22,8 @@ from calibrate.grid import (
     plan_within,
 )
 from calibrate.profile import ProfileSettings, profile_engine
-from calibrate.timing import ThreadCpuClock
 from gpu_engine.engine import WallClock
+from gpu_engine.host import ThreadCpuClock
 from gpu_engine.replay import replay_scenario
 from sim.cli import main
 from sim.latency.table_format import read_measurements, read_metadata

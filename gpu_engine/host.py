@@ -1,4 +1,4 @@
-"""How the profiler and the validation replay time the CPU engine, the same way.
+"""How the engine runs on a host the same way whenever it is timed: serving, profiling, validating.
 
 - `torch_threads`: the engine's intra-op threads for a block (1 is steady on a shared
   machine; more threads on a busy 2-core box wait on each other).
