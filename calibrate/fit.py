@@ -65,6 +65,7 @@ FEATURES = {
                                             "(decode attention padded to the widest table)",
     "idle_start_ms": "x 1 for a prefill-only step (nothing else running: the first step "
                      "after an idle wait)",
+    "verify_seq_ms": "x number of decodes verifying drafts (num_spec_decodes)",
 }
 MIN_MEASUREMENTS = 10
 
@@ -107,10 +108,10 @@ def choose_knots(rows: np.ndarray, max_segments: int = 24, min_points: int = 3
 
 def raw_features(measurements: Sequence[Measurement]) -> np.ndarray:
     """One row per measurement: step_features of its shape (query tokens included), then
-    its padded decode attention tokens."""
+    its padded decode attention tokens, idle start and verifying sequences."""
     return np.array([(*step_features(m.shape), decode_padded_tokens(m.shape),
-                      starts_from_idle(m.shape)) for m in measurements],
-                    dtype=np.float64).reshape(len(measurements), 7)
+                      starts_from_idle(m.shape), m.shape.num_spec_decodes)
+                     for m in measurements], dtype=np.float64).reshape(len(measurements), 8)
 
 
 def design_matrix(features: np.ndarray, knots: tuple[int, ...]) -> np.ndarray:
@@ -142,7 +143,7 @@ def fit_arrays(features: np.ndarray, measured_ms: np.ndarray, timing: str) -> Ta
 def predict_ms(fit: TableFit, features: np.ndarray) -> np.ndarray:
     x = np.array([fit.intercept_ms, *fit.segment_slopes_ms_per_token,
                   *fit.other_coefficients_ms, fit.decode_padded_attention_ms_per_token,
-                  fit.idle_start_ms])
+                  fit.idle_start_ms, fit.verify_seq_ms])
     design = design_matrix(features, fit.knots_tokens)
     return design @ x[:design.shape[1]]  # features without the padded column: its term is 0
 
@@ -212,7 +213,8 @@ def format_report(report: FitReport) -> str:
               f"prefill attention {fit.prefill_attention_ms_per_pair * 1e6:.4g} ns/pair; "
               f"decode attention {fit.decode_attention_ms_per_token * 1e6:.4g} ns/KV token, "
               f"padded {fit.decode_padded_attention_ms_per_token * 1e6:.4g} ns/token; "
-              f"first step after idle +{fit.idle_start_ms:.4g} ms",
+              f"first step after idle +{fit.idle_start_ms:.4g} ms; per verifying seq "
+              f"{fit.verify_seq_ms:.4g} ms",
               f"linear layers: knots (tokens) {' '.join(map(str, fit.knots_tokens))}",
               f"  slopes (us/token) {slopes}"]
     return "\n".join(lines)

@@ -1,10 +1,12 @@
 """The profiling grid: which step shapes to measure, and how to thin it to a time budget.
 
-Three families, as the continuous scheduler emits them (see `default_grid`):
+Four families, as the continuous scheduler emits them (see `default_grid`):
 prefill-only steps over chunk sizes from 1 token to the token budget, on an
-empty or a cached context; decode-only steps over batch size x context; and
+empty or a cached context; decode-only steps over batch size x context;
 mixed steps, some decodes plus one prefill chunk (among them the
-budget-filling chunks a saturated chunked-prefill scheduler runs).
+budget-filling chunks a saturated chunked-prefill scheduler runs); and
+speculative verify steps, decodes that each check k draft tokens (1 + k
+query positions), over batch size x context x k.
 
 Thinning is pure arithmetic over per-point cost estimates: the corners of
 each family are always measured (first, so their times calibrate the
@@ -23,6 +25,7 @@ from calibrate.synthetic import geometric_counts
 from sim.core.plan import StepShape
 
 PAIRS_PER_ROW = 256  # cost proxy: attention query-key pairs that cost about one matmul row
+SPEC_TOKENS = (2, 4, 8)  # draft tokens per verify the grid measures (typical k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,7 @@ class GridPoint:
     num_decodes: int = 0
     decode_context: int = 0
     ragged: bool = False  # every other decode at 1/8 of decode_context
+    spec_tokens: int = 0  # k draft tokens each decode verifies (kind "verify")
 
     @property
     def decode_contexts(self) -> list[int]:
@@ -48,21 +52,35 @@ class GridPoint:
         """The intended shape (decode contexts grow by one token per repeated step)."""
         chunks = (self.chunk_tokens,) if self.chunk_tokens else ()
         contexts = (self.chunk_context,) if self.chunk_tokens else ()
+        spec = self.num_decodes if self.spec_tokens else 0
         return StepShape(chunks, contexts, self.num_decodes, sum(self.decode_contexts),
                          self.decode_context if self.num_decodes else 0,
-                         len(chunks) + self.num_decodes)
+                         len(chunks) + self.num_decodes, num_spec_decodes=spec,
+                         num_spec_tokens=spec * self.spec_tokens,
+                         spec_depth=self.spec_tokens if spec else 0,
+                         spec_context_sum=sum(self.decode_contexts) if spec else 0)
+
+    @property
+    def query_tokens(self) -> int:
+        """Positions each decode runs: 1, or 1 + k when verifying k drafts."""
+        return 1 + self.spec_tokens
 
     @property
     def work(self) -> float:
         """A cost proxy in matmul rows: new tokens plus attention's query-key pairs."""
+        decode_rows = self.num_decodes * self.query_tokens
         pairs = (self.chunk_tokens * (self.chunk_context + self.chunk_tokens / 2)
-                 + self.num_decodes * self.decode_context)  # decode attention pads to widest
-        return self.chunk_tokens + self.num_decodes + pairs / PAIRS_PER_ROW
+                 + decode_rows * self.decode_context)  # decode attention pads to widest
+        return self.chunk_tokens + decode_rows + pairs / PAIRS_PER_ROW
+
+    def growth_tokens(self, extra_steps: int) -> int:
+        """Most a decode's context grows in `extra_steps` steps (k + 1 when all accepted)."""
+        return extra_steps * self.query_tokens + 1
 
     def kv_tokens(self, extra_steps: int) -> int:
         """KV slots the point holds at its peak, `extra_steps` decode steps in."""
         return (self.chunk_context + self.chunk_tokens + sum(self.decode_contexts)
-                + self.num_decodes * (extra_steps + 1))
+                + self.num_decodes * (self.growth_tokens(extra_steps) + self.spec_tokens))
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +95,10 @@ class GridLimits:
 
     def fits(self, p: GridPoint) -> bool:
         longest = max(p.chunk_context + p.chunk_tokens + 1,  # + its one output token
-                      p.decode_context + self.steps_per_point + 1 if p.num_decodes else 0)
+                      p.decode_context + p.growth_tokens(self.steps_per_point) + p.spec_tokens
+                      if p.num_decodes else 0)
         seqs = p.num_decodes + (1 if p.chunk_tokens else 0)
-        return (p.chunk_tokens + p.num_decodes <= self.max_num_batched_tokens
+        return (p.chunk_tokens + p.num_decodes * p.query_tokens <= self.max_num_batched_tokens
                 and seqs <= self.max_num_seqs and longest <= self.max_model_len
                 and p.kv_tokens(self.steps_per_point) <= self.pool_tokens)
 
@@ -112,6 +131,8 @@ def default_grid(limits: GridLimits) -> list[GridPoint]:
                              if 1 <= n <= budget - b})
             grid += [GridPoint("mixed", n, 0, b, c) for n in chunks]
         grid += [GridPoint("mixed", budget - b, budget, b, c) for b in mixed_batches[::2]]
+    grid += [GridPoint("verify", num_decodes=b, decode_context=c, spec_tokens=k)
+             for k in SPEC_TOKENS for c in decode_contexts[::2] for b in batches[::2]]
     return [p for p in dict.fromkeys(grid) if limits.fits(p)]
 
 
@@ -120,6 +141,8 @@ def _axes(p: GridPoint) -> tuple[int, int]:
         return p.chunk_tokens, p.chunk_context
     if p.kind == "decode":
         return p.num_decodes, p.decode_context * (1 if p.ragged else 2)
+    if p.kind == "verify":
+        return p.num_decodes * p.query_tokens, p.decode_context
     return p.num_decodes, p.chunk_tokens
 
 

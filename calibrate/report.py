@@ -29,7 +29,7 @@ _SOURCES = ("engine", "table", "roofline")
 
 def step_errors(steps: pd.DataFrame) -> pd.DataFrame:
     """Per step kind (and all): steps, measured busy time, and each model's error on it."""
-    groups = [(k, steps[steps["kind"] == k]) for k in ("prefill", "decode", "mixed")]
+    groups = [(k, steps[steps["kind"] == k]) for k in ("prefill", "decode", "verify", "mixed")]
     rows = []
     for kind, part in [*groups, ("all", steps)]:
         if part.empty:
@@ -110,6 +110,7 @@ def markdown(fidelity: Fidelity, plots: bool = True) -> str:
         f"{meta.created}, commit {str(meta.engine_commit)[:12]}) and with the roofline model.",
         *(["", f"The replay ran {info['bracketed']}, so the table averages the machine's "
               "speed around it."] if info.get("bracketed") else []),
+        *(["", _speculation(info["speculation"])] if info.get("speculation") else []),
         "", f"Largest table error over these metrics: {worst:.1f}%.", "",
         metrics_markdown(fidelity), "",
         "Error = (simulator - engine) / engine. Per engine step, each model's prediction for "
@@ -124,6 +125,15 @@ def markdown(fidelity: Fidelity, plots: bool = True) -> str:
         lines += ["", "![latency CDFs](latency_cdf.png)", "",
                   "![step latency](step_latency.png)"]
     return "\n".join(lines) + "\n"
+
+
+def _speculation(spec: dict[str, float]) -> str:
+    return (f"Speculative decoding: the engine accepted {spec['acceptance_rate']:.1%} of its "
+            f"drafts, {spec['tokens_per_verify']:.2f} tokens per verify"
+            + (f" of {spec['drafts_per_verify']:.2f} drafts" if "drafts_per_verify" in spec
+               else "")
+            + f"; the simulator drew acceptances with the alpha that gives the same, "
+            f"{spec['alpha']:.3f}, so the comparison is of timing, not of an acceptance guess.")
 
 
 def _load(values: Any) -> str:
@@ -187,7 +197,8 @@ def _plot(fidelity: Fidelity, requests: pd.DataFrame, out: Path) -> list[Path]:
 
     steps = fidelity.steps
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharex=True, sharey=True)
-    colors = {"prefill": "tab:red", "decode": "tab:blue", "mixed": "tab:green"}
+    colors = {"prefill": "tab:red", "decode": "tab:blue", "verify": "tab:purple",
+              "mixed": "tab:green"}
     for ax, model in zip(axes, ("table", "roofline"), strict=True):
         for kind, color in colors.items():
             part = steps[steps["kind"] == kind]

@@ -20,6 +20,7 @@ import torch
 from calibrate.grid import GridPoint
 from calibrate.rig import Rig
 from gpu_engine.engine import Engine, StepLog, WallClock
+from gpu_engine.speculative import NgramDrafter
 from sim.core.request import Request
 from sim.latency.table_format import Measurement
 from sim.metrics import RunRecorder
@@ -88,9 +89,12 @@ class PointRun:
         """
         p = self.point
         if p.num_decodes:  # decoders: every prompt prefilled in one step, first token out
-            for context in p.decode_contexts:
-                self._add(context, self.decode_output)
+            for context in p.decode_contexts:  # outputs outlast every step, all drafts kept
+                self._add(context, p.growth_tokens(self.decode_output - 1) + p.spec_tokens)
             self._shaping_step(sum(p.decode_contexts))
+        if p.spec_tokens:  # verify k prompt-lookup drafts per decode (proposing is host work)
+            self.engine.drafter = NgramDrafter()
+            self.engine.scheduler.speculative_tokens = p.spec_tokens  # type: ignore[attr-defined]
         chunk_prompt = p.chunk_context + p.chunk_tokens
 
         def arrive(_now_s: float) -> None:
@@ -123,6 +127,7 @@ def shape_matches(point: GridPoint, log: StepLog) -> bool:
     shape = log.shape
     chunks = (point.chunk_tokens,) if point.chunk_tokens else ()
     return (shape.prefill_chunk_tokens == chunks and shape.num_decodes == point.num_decodes
+            and shape.num_spec_tokens == point.num_decodes * point.spec_tokens
             and not shape.swap_out_tokens)
 
 
@@ -134,11 +139,13 @@ def to_measurement(walls_s: list[list[float]], devices_s: list[list[float]],
     devices_s = np.mean(np.array(devices_s), axis=0).tolist()
     shape = logs[len(logs) // 2].shape
     kind = "mixed" if shape.prefill_chunk_tokens and shape.num_decodes else (
-        "prefill" if shape.prefill_chunk_tokens else "decode")
+        "prefill" if shape.prefill_chunk_tokens else "verify" if shape.num_spec_tokens
+        else "decode")
+    query_tokens = 1 + shape.num_spec_tokens // max(1, shape.num_spec_decodes)
     wall = np.percentile(np.array(walls_s) * 1e3, [50, 10, 90])
     device = np.percentile(np.array(devices_s) * 1e3, [50, 10, 90])
     device = device if (device > 0).all() else np.full(3, math.nan)
     return Measurement(kind, shape.prefill_chunk_tokens, shape.prefill_context_tokens,
                        shape.num_decodes, shape.decode_context_sum, shape.decode_context_max,
-                       shape.padded_batch, 1, len(walls_s), *map(float, device),
+                       shape.padded_batch, query_tokens, len(walls_s), *map(float, device),
                        *map(float, wall))

@@ -38,13 +38,15 @@ class SyntheticCost:
     decode_attention_ms_per_token: float = 2e-4
     prefill_seq_ms: float = 0.08
     decode_seq_ms: float = 0.03
+    verify_seq_ms: float = 0.05
 
     def __call__(self, shape: StepShape) -> float:
         rows, pairs, decode_tokens, prefills, decodes = step_features(shape)
         return (self.step_ms + self.flat_ms + self.per_token_ms * max(0, rows - self.bend_tokens)
                 + self.prefill_attention_ms_per_pair * pairs
                 + self.decode_attention_ms_per_token * decode_tokens
-                + self.prefill_seq_ms * prefills + self.decode_seq_ms * decodes)
+                + self.prefill_seq_ms * prefills + self.decode_seq_ms * decodes
+                + self.verify_seq_ms * shape.num_spec_decodes)
 
 
 def geometric_counts(low: int, high: int) -> list[int]:

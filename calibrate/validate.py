@@ -32,7 +32,8 @@ from gpu_engine.replay import replay_scenario
 from sim.latency import LatencyModel
 from sim.latency.table_format import TableMetadata, load_table
 from sim.run import RunResult, build_latency, run_scenario
-from sim.scenario import LatencyConfig, Scenario, load_scenario
+from sim.scenario import FixedAlphaConfig, LatencyConfig, Scenario, load_scenario
+from sim.speculative import alpha_for_tokens_per_step
 
 # (summary key, label, unit): the metrics the fidelity report compares
 METRICS: tuple[tuple[str, str, str], ...] = (
@@ -116,7 +117,7 @@ def steps_table(steps: Sequence[StepLog], table: LatencyModel, roofline: Latency
         rows.append({
             "start_s": s.start_s,
             "kind": "mixed" if chunks and shape.num_decodes else (
-                "prefill" if chunks else "decode"),
+                "prefill" if chunks else "verify" if shape.num_spec_tokens else "decode"),
             "num_seqs": s.num_seqs,
             "prefill_tokens": sum(chunks),
             "prefill_context_tokens": sum(shape.prefill_context_tokens),
@@ -168,12 +169,17 @@ def compare(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
     table_dir = Path(table_dir).resolve()
     loaded = load_table(table_dir, scenario.model_spec, scenario.kv.block_size,
                         scenario.hardware.count)
-    with_table = scenario.model_copy(update={"latency": LatencyConfig(
+    engine_run = replay.result
+    speculation = engine_acceptance(engine_run.summary)
+    simulated = scenario
+    if speculation:  # compare timing, not the acceptance guess: the engine's alpha
+        simulated = scenario.model_copy(update={"speculative": scenario.speculative.model_copy(
+            update={"acceptance": FixedAlphaConfig(alpha=speculation["alpha"])})})
+    with_table = simulated.model_copy(update={"latency": LatencyConfig(
         model="table", path=str(table_dir))})
-    with_roofline = scenario.model_copy(update={"latency": LatencyConfig()})
+    with_roofline = simulated.model_copy(update={"latency": LatencyConfig()})
     table_run = run_scenario(with_table, base_dir, show_progress=False)
     roofline_run = run_scenario(with_roofline, base_dir, show_progress=False)
-    engine_run = replay.result
     metrics = tuple(MetricComparison(key, label, unit, float(engine_run.summary[key]),
                                      float(table_run.summary[key]),
                                      float(roofline_run.summary[key]))
@@ -182,9 +188,26 @@ def compare(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
                         build_latency(with_roofline, base_dir))
     info = {**replay.info, "table_model": table_run.latency_name,
             "roofline_model": roofline_run.latency_name,
-            "table_torch_version": loaded.metadata.torch_version}
+            "table_torch_version": loaded.metadata.torch_version,
+            **({"speculation": speculation} if speculation else {})}
     return Fidelity(scenario, table_dir, loaded.metadata, metrics, engine_run, table_run,
                     roofline_run, frame, info)
+
+
+def engine_acceptance(summary: dict[str, Any]) -> dict[str, float]:
+    """An engine run's drafts per verify, tokens per verify and the fixed alpha that gives
+    them (sim.speculative's i.i.d. acceptance); empty when nothing was drafted."""
+    drafted, accepted = summary.get("spec_draft_tokens", 0), summary.get("spec_accepted_tokens", 0)
+    per_step = summary.get("mean_tokens_per_spec_step", math.nan)
+    if not drafted or not math.isfinite(per_step):
+        return {}
+    if not accepted:
+        return {"tokens_per_verify": 1.0, "acceptance_rate": 0.0, "alpha": 0.0}
+    k = drafted * (per_step - 1.0) / accepted  # drafted / verifies
+    per_step = min(per_step, k + 1.0)  # equal in exact arithmetic when all were accepted
+    return {"drafts_per_verify": k, "tokens_per_verify": per_step,
+            "acceptance_rate": accepted / drafted,
+            "alpha": alpha_for_tokens_per_step(per_step, k)}
 
 
 def validate(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,

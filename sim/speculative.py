@@ -22,6 +22,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from scipy.optimize import brentq
 from scipy.special import betaincinv
 
 from sim.core.plan import StepPlan, StepResult
@@ -34,11 +35,24 @@ ONE_EACH = StepResult()  # a step without drafts: every emitting sequence emitte
 _MASK = 0xFFFFFFFFFFFFFFFF
 
 
-def expected_tokens_per_step(alpha: float, k: int) -> float:
+def expected_tokens_per_step(alpha: float, k: float) -> float:
     """Mean tokens a sequence emits in a step that verifies k drafts: sum_{j=0..k} alpha^j."""
     if alpha >= 1.0:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def alpha_for_tokens_per_step(tokens_per_step: float, k: float) -> float:
+    """The fixed alpha whose steps verifying k drafts emit `tokens_per_step` on average:
+    expected_tokens_per_step inverted (k may be a mean), to give the simulator an engine's
+    measured acceptance."""
+    if not (k > 0 and 1.0 <= tokens_per_step <= k + 1.0):
+        raise ValueError(f"tokens_per_step must be in [1, k + 1] for k = {k!r} > 0, got "
+                         f"{tokens_per_step!r}")
+    if tokens_per_step == 1.0 or tokens_per_step == k + 1.0:
+        return 0.0 if tokens_per_step == 1.0 else 1.0
+    return float(brentq(lambda a: expected_tokens_per_step(a, k) - tokens_per_step,  # type: ignore[arg-type]
+                        0.0, 1.0 - 1e-12, xtol=1e-12))
 
 
 def accepted_drafts(u: float, alpha: float, k: int) -> int:

@@ -79,6 +79,8 @@ def test_noise_free_measurements_of_the_family_are_recovered() -> None:
     assert errors.mean() < 0.25 and errors.max() < 1.5
     # the held-out fit has fewer points, so its knots may miss the bend by a little
     assert report.fit.held_out[-1].mean_ape_pct < 1.0
+    # the verify term is told apart from the matmul rows its drafts add
+    assert report.fit.verify_seq_ms == pytest.approx(TRUTH.verify_seq_ms, rel=0.05)
 
 
 @pytest.mark.parametrize("truth", [TRUTH, smooth_truth], ids=["family", "smooth"])

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calibrate.grid import (
+    SPEC_TOKENS,
     GridLimits,
     GridPoint,
     corners,
@@ -54,14 +55,18 @@ def test_every_grid_point_fits_the_engine(budget: int, seqs: int, longest: int, 
     assert len(set(grid)) == len(grid)
     for p in grid:
         assert limits.fits(p)
-        assert p.chunk_tokens + p.num_decodes <= budget
+        assert p.chunk_tokens + p.num_decodes * (1 + p.spec_tokens) <= budget
         assert p.kv_tokens(steps) <= pool
+        assert p.decode_context + steps * (1 + p.spec_tokens) + p.spec_tokens < longest or \
+            not p.num_decodes
         shape = p.shape
         assert shape.num_decodes == p.num_decodes and shape.num_prefill_tokens == p.chunk_tokens
+        assert shape.num_spec_tokens == p.num_decodes * p.spec_tokens
+        assert (p.kind == "verify") == (p.spec_tokens > 0)
         assert shape.decode_context_sum <= p.num_decodes * p.decode_context
 
 
-def test_grid_spans_prefill_decode_and_mixed_within_the_budgets() -> None:
+def test_grid_spans_prefill_decode_mixed_and_verify_within_the_budgets() -> None:
     grid = default_grid(LIMITS)
     prefill = [p for p in grid if p.kind == "prefill"]
     assert min(p.chunk_tokens for p in prefill) == 1
@@ -74,12 +79,16 @@ def test_grid_spans_prefill_decode_and_mixed_within_the_budgets() -> None:
     assert mixed and all(p.num_decodes and p.chunk_tokens for p in mixed)
     # the budget-filling chunks a saturated chunked-prefill scheduler runs
     assert any(p.chunk_tokens + p.num_decodes == LIMITS.max_num_batched_tokens for p in mixed)
+    verify = [p for p in grid if p.kind == "verify"]  # speculative: batch x context x k
+    assert {p.spec_tokens for p in verify} == set(SPEC_TOKENS)
+    assert len({p.num_decodes for p in verify}) >= 2
+    assert all(p.shape.decode_query_tokens == 1 + p.spec_tokens for p in verify)
 
 
 def test_corners_hold_each_familys_extremes() -> None:
     grid = default_grid(LIMITS)
     chosen = [grid[i] for i in corners(grid)]
-    for kind in ("prefill", "decode", "mixed"):
+    for kind in ("prefill", "decode", "mixed", "verify"):
         members = [p for p in grid if p.kind == kind]
         mine = [p for p in chosen if p.kind == kind]
         assert 2 <= len(mine) <= 4
@@ -130,7 +139,7 @@ def test_profile_respects_its_budget(profiled) -> None:  # noqa: ANN001
     assert len(result.points_s) == len(result.measurements) + len(result.skipped)
     assert result.measure_s <= max(settings_.budget_s, corners_s) + 2 * max(result.points_s)
     kinds = {m.kind for m in result.measurements}
-    assert kinds == {"prefill", "decode", "mixed"}
+    assert kinds == {"prefill", "decode", "mixed", "verify"}
 
 
 def test_profile_metadata_says_what_produced_it(profiled) -> None:  # noqa: ANN001
@@ -155,6 +164,10 @@ def test_measurements_round_trip_and_hold_the_cycle(profiled) -> None:  # noqa: 
         assert m.wall_ms_median >= m.device_ms_median * 0.99
         if m.kind != "prefill":
             assert m.num_decodes >= 1 and m.padded_batch >= m.num_decodes
+        # a verify step ran k drafts on every decode, k as the grid asked
+        assert (m.kind == "verify") == (m.decode_query_tokens > 1)
+        if m.kind == "verify":
+            assert m.decode_query_tokens - 1 in SPEC_TOKENS
 
 
 def test_profile_cli_names_the_bad_option(capsys: pytest.CaptureFixture[str],

@@ -17,11 +17,24 @@ from calibrate.bracket import bracket_problems
 from calibrate.fit import FEATURES, fit_table
 from calibrate.profile import ProfileSettings, profile_engine
 from calibrate.report import markdown, requests_frame, step_errors, write_report
-from calibrate.validate import METRICS, compare, relative_error_pct, run_engine, steps_table
+from calibrate.validate import (
+    METRICS,
+    compare,
+    engine_acceptance,
+    relative_error_pct,
+    run_engine,
+    steps_table,
+)
 from sim.cli import main
 from sim.core.plan import StepShape
-from sim.latency.table_format import open_table_latency, read_fit, write_fit
+from sim.latency.table_format import (
+    open_table_latency,
+    read_fit,
+    read_measurements,
+    write_fit,
+)
 from sim.scenario import load_scenario
+from sim.speculative import expected_tokens_per_step
 
 SCENARIO = """
 name: ci_calibrate
@@ -132,6 +145,30 @@ def test_simulator_matches_the_engine_on_a_noisy_machine(calibrated, tmp_path: P
     roofline = abs(float(np.median([f.metric("median_ttft_ms").roofline_error_pct
                                     for f in fidelities])))
     assert roofline > raw["median_ttft_ms"], report
+
+
+def test_speculative_replay_is_compared_with_the_engines_acceptance(calibrated  # noqa: ANN001
+                                                                    ) -> None:
+    """The profile measured verify shapes (k drafts per decode); validating a speculative
+    (n-gram) scenario hands the simulator the engine's acceptance, so both emit alike per
+    verify and the comparison is of timing."""
+    _, table, scenario_path, _, _, _ = calibrated
+    verify_rows = [m for m in read_measurements(table) if m.kind == "verify"]
+    assert verify_rows and all(m.decode_query_tokens > 1 for m in verify_rows)
+    scenario, base_dir = load_scenario(scenario_path, ["speculative.num_tokens=3"])
+    fidelity = compare(scenario, base_dir, table,
+                       run_engine(scenario, base_dir, threads=1, show_progress=False))
+    engine, sim = fidelity.engine.summary, fidelity.table.summary
+    assert engine["spec_draft_tokens"] > 0 and sim["spec_draft_tokens"] > 0
+    spec = fidelity.info["speculation"]
+    assert spec["tokens_per_verify"] == pytest.approx(engine["mean_tokens_per_spec_step"])
+    assert sim["mean_tokens_per_spec_step"] == pytest.approx(
+        engine["mean_tokens_per_spec_step"], rel=0.1)
+    assert abs(fidelity.metric("request_throughput").table_error_pct) <= 10
+    verify = fidelity.steps[fidelity.steps["kind"] == "verify"]
+    assert len(verify) and (verify["table_ms"] > 0).all()
+    assert "verify" in set(step_errors(fidelity.steps)["kind"])
+    assert "Speculative decoding: the engine accepted" in markdown(fidelity, plots=False)
 
 
 def test_report_carries_the_actual_numbers(calibrated) -> None:  # noqa: ANN001
@@ -308,3 +345,16 @@ def test_gpu_script_refuses_cuda_without_a_gpu(tmp_path: Path,
         pytest.skip("a GPU is present: the full run would start")
     assert gpu_check.main([str(tmp_path)]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_engine_acceptance_reads_the_engines_summary() -> None:
+    assert engine_acceptance({}) == {}  # no speculation: nothing to hand the simulator
+    none = engine_acceptance({"spec_draft_tokens": 30, "spec_accepted_tokens": 0,
+                              "mean_tokens_per_spec_step": 1.0})
+    assert none["alpha"] == 0.0 and none["acceptance_rate"] == 0.0
+    # 10 verifies of 3 drafts each, 12 drafts accepted: 2.2 tokens per verify
+    some = engine_acceptance({"spec_draft_tokens": 30, "spec_accepted_tokens": 12,
+                              "mean_tokens_per_spec_step": 2.2})
+    assert some["drafts_per_verify"] == pytest.approx(3.0)
+    assert some["acceptance_rate"] == pytest.approx(0.4)
+    assert expected_tokens_per_step(some["alpha"], 3) == pytest.approx(2.2)

@@ -384,3 +384,23 @@ def test_swap_cost_follows_the_scenario_gpu(table_dir: Path) -> None:
     expected = (kv_bytes_per_token(TINY, dtype_bytes=scenario.kv.dtype_bytes)
                 / scenario.hardware_spec.host_link_bandwidth_bytes_per_s)
     assert latency.swap_s_per_token == pytest.approx(expected)
+
+
+def test_verify_term_prices_each_drafting_sequence(table_dir: Path, tmp_path: Path) -> None:
+    """verify_seq_ms is charged once per decode that verifies drafts, on top of the rows and
+    attention its drafts add; a fit.json written before the term existed loads it as 0."""
+    fit = tf.read_fit(table_dir)
+    with_term = TableLatency(dataclasses.replace(fit, verify_seq_ms=0.5))
+    without = TableLatency(dataclasses.replace(fit, verify_seq_ms=0.0))
+    plain = StepShape(num_decodes=4, decode_context_sum=400, decode_context_max=100,
+                      padded_batch=4)
+    verify = dataclasses.replace(plain, num_spec_decodes=3, num_spec_tokens=9, spec_depth=3,
+                                 spec_context_sum=300)
+    assert with_term.step_time(verify) - without.step_time(verify) == pytest.approx(1.5e-3)
+    assert with_term.step_time(plain) == without.step_time(plain)
+    assert without.step_time(verify) > without.step_time(plain)  # the drafts' rows, attention
+    old = copy_table(table_dir, tmp_path / "old")
+    raw = json.loads((old / FIT_FILE).read_text())
+    del raw["verify_seq_ms"]
+    (old / FIT_FILE).write_text(json.dumps(raw))
+    assert tf.read_fit(old).verify_seq_ms == 0.0

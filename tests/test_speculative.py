@@ -28,6 +28,7 @@ from sim.speculative import (
     FixedAcceptance,
     UniformAcceptance,
     accepted_drafts,
+    alpha_for_tokens_per_step,
     expected_tokens_per_step,
     request_uniform,
 )
@@ -380,3 +381,21 @@ def test_bad_speculative_settings_exit_2_naming_the_field(sets, field, capsys) -
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"{field}:" in err and "Traceback" not in err
+
+
+@settings(max_examples=80, deadline=None)
+@given(alpha=st.floats(0.0, 0.999), k=st.floats(0.5, 16.0))
+def test_alpha_for_tokens_per_step_inverts_the_expectation(alpha: float, k: float) -> None:
+    """What validation hands the simulator: the alpha that reproduces an engine's mean."""
+    mean = expected_tokens_per_step(alpha, k)
+    recovered = alpha_for_tokens_per_step(mean, k)
+    assert expected_tokens_per_step(recovered, k) == pytest.approx(mean, rel=1e-9, abs=1e-9)
+
+
+def test_alpha_for_tokens_per_step_ends_and_refusals() -> None:
+    assert alpha_for_tokens_per_step(1.0, 4) == 0.0
+    assert alpha_for_tokens_per_step(5.0, 4) == 1.0
+    with pytest.raises(ValueError, match="tokens_per_step must be in"):
+        alpha_for_tokens_per_step(5.5, 4)
+    with pytest.raises(ValueError, match="tokens_per_step must be in"):
+        alpha_for_tokens_per_step(0.9, 4)

@@ -11,6 +11,7 @@ non-negative least-squares fit can recover (`calibrate.fit`):
             + e * num_decodes * widest sequence               decode attention padded to the
                                                               step's widest block table
             + f if no decode runs (prefill only)              the first step after idling
+            + g * num_spec_decodes                        a verify's drafting + acceptance
 
 `rows` are the token rows the matmuls run over (prefill tokens, one row per
 decode query token, and padded slots). A speculative verify runs 1 + k query
@@ -73,6 +74,9 @@ class TableFit:
     # a prefill-only step (no decode running) is in serving the first after an idle wait,
     # which on a shared CPU host runs cache-cold: its extra cost
     idle_start_ms: float = 0.0
+    # a speculative verify's host work per drafting sequence: proposing its drafts, the
+    # acceptance rule over its k + 1 rows, rolling back what was rejected
+    verify_seq_ms: float = 0.0
     measurements_sha256: str = ""
     fitted_points: int = 0
     held_out: tuple[ErrorStats, ...] = ()
@@ -91,7 +95,8 @@ class TableFit:
         values = (self.intercept_ms, *self.segment_slopes_ms_per_token,
                   self.prefill_attention_ms_per_pair, self.decode_attention_ms_per_token,
                   self.prefill_seq_ms, self.decode_seq_ms,
-                  self.decode_padded_attention_ms_per_token, self.idle_start_ms)
+                  self.decode_padded_attention_ms_per_token, self.idle_start_ms,
+                  self.verify_seq_ms)
         if not all(np.isfinite(v) and v >= 0 for v in values):
             raise ValueError(f"coefficients must be finite and >= 0, got {values}")
 
@@ -168,6 +173,7 @@ class TableLatency:
                                                          compare=False)
     _padded_s: float = field(init=False, repr=False, compare=False)
     _idle_s: float = field(init=False, repr=False, compare=False)
+    _verify_s: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.swap_s_per_token) and self.swap_s_per_token >= 0):
@@ -187,6 +193,7 @@ class TableLatency:
                            tuple(c / 1e3 for c in fit.other_coefficients_ms))
         object.__setattr__(self, "_padded_s", fit.decode_padded_attention_ms_per_token / 1e3)
         object.__setattr__(self, "_idle_s", fit.idle_start_ms / 1e3)
+        object.__setattr__(self, "_verify_s", fit.verify_seq_ms / 1e3)
 
     def linear_s(self, rows: float) -> float:
         """The matmul term at `rows` token rows: flat below the first knot, linear past the last."""
@@ -212,10 +219,12 @@ class TableLatency:
         rows = prefill_tokens + decodes + (
             shape.padded_batch - seqs if shape.padded_batch > seqs else 0)
         decode_tokens = shape.decode_context_sum
+        verify_s = 0.0
         if shape.num_spec_decodes:
             rows += shape.num_spec_tokens
             decode_tokens += (shape.num_spec_tokens / shape.num_spec_decodes
                               * shape.spec_context_sum)
+            verify_s = self._verify_s * shape.num_spec_decodes
         knots = self._knots
         i = bisect_right(knots, rows) - 1
         linear_s = (self._values_s[i] + self._slopes_s[i] * (rows - knots[i]) if i >= 0
@@ -224,4 +233,4 @@ class TableLatency:
         padded_s = self._padded_s * decode_padded_tokens(shape) if self._padded_s else 0.0
         idle_s = self._idle_s if not decodes else 0.0
         return (linear_s + a * pairs + b * decode_tokens + c * len(chunks) + d * decodes
-                + padded_s + idle_s + swap_s)
+                + padded_s + idle_s + verify_s + swap_s)
