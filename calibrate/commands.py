@@ -74,14 +74,15 @@ def add_profile(commands: argparse._SubParsersAction) -> None:
                         "jobs taking the core (validate then replays on the same clock)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     p.add_argument("--seed", type=int, default=0, help="random weights' seed")
-    p.add_argument("--validate", metavar="SCENARIO", default=None,
+    p.add_argument("--validate", metavar="SCENARIO", action="append", default=[],
                    help="also fit, and validate on SCENARIO replayed between the middle two "
                         "passes (a shared machine's speed drifts; the table then averages "
-                        "it around the replay)")
+                        "it around the replay); repeatable, each between its own two passes")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="with --validate: override a scenario field (repeatable)")
+                   help="with --validate: override a field of every scenario (repeatable)")
     p.add_argument("--fidelity-out", default=None, metavar="DIR",
-                   help="with --validate: report directory (default OUT/fidelity)")
+                   help="with --validate: report directory (default OUT/fidelity, then "
+                        "OUT/fidelity-<scenario name> for each further scenario)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_profile)
 
@@ -132,32 +133,42 @@ def _profile_and_validate(args: argparse.Namespace, settings: ProfileSettings) -
     from gpu_engine.setup import EngineSetupError
     from sim.scenario import ScenarioError, load_scenario
 
-    try:
-        scenario, base_dir = load_scenario(args.validate, args.overrides)
-    except ScenarioError as err:
-        print(f"error: --validate: {err}", file=sys.stderr)
-        return 2
-    problems = bracket_problems(settings, scenario)
+    scenarios = []
+    for path in args.validate:
+        try:
+            scenarios.append(load_scenario(path, args.overrides))
+        except ScenarioError as err:
+            print(f"error: --validate: {err}", file=sys.stderr)
+            return 2
+    problems = [p for scenario, _ in scenarios
+                for p in bracket_problems(settings, scenario, len(scenarios))]
+    if args.fidelity_out and len(scenarios) > 1:
+        problems.append(f"fidelity-out: one directory for {len(scenarios)} scenarios; leave "
+                        "it out to write OUT/fidelity and OUT/fidelity-<scenario name>")
     if problems:
-        print("error: " + "; ".join(_option(p) for p in problems), file=sys.stderr)
+        print("error: " + "; ".join(_option(p) for p in dict.fromkeys(problems)),
+              file=sys.stderr)
         return 2
     try:
-        done = profile_and_validate(settings, args.out, scenario, base_dir,
+        done = profile_and_validate(settings, args.out, scenarios,
                                     show_progress=not args.quiet)
     except EngineSetupError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError) as err:  # a missing trace, no room for KV
-        print(f"error: --validate: {args.validate}: {err}", file=sys.stderr)
+        print(f"error: --validate: {', '.join(args.validate)}: {err}", file=sys.stderr)
         return 2
-    out = Path(args.fidelity_out or Path(args.out) / "fidelity")
-    write_report(done.fidelity, out)
     print(format_report(done.fit))
-    print()
-    print(metrics_markdown(done.fidelity))
-    print()
-    print(steps_markdown(step_errors(done.fidelity.steps)))
-    print(f"wrote the table to {done.profile.directory}/ and the fidelity report to {out}/")
+    written = []
+    for i, fidelity in enumerate(done.fidelities):
+        out = Path(args.fidelity_out or Path(args.out) / (
+            "fidelity" if i == 0 else f"fidelity-{fidelity.scenario.name}"))
+        write_report(fidelity, out)
+        written.append(str(out))
+        print(f"\n{fidelity.scenario.name}:\n{metrics_markdown(fidelity)}\n")
+        print(steps_markdown(step_errors(fidelity.steps)))
+    print(f"wrote the table to {done.profile.directory}/ and the fidelity report(s) to "
+          f"{', '.join(written)}/")
     return 0
 
 

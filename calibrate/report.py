@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +160,9 @@ def write_report(fidelity: Fidelity, out_dir: str | Path, plots: bool = True) ->
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "fidelity.json", out / "fidelity.md", out / "steps.csv",
                out / "requests.csv"]
-    written[0].write_text(json.dumps(report_dict(fidelity), indent=2) + "\n")
+    body = report_dict(fidelity)
+    body["table"] = os.path.relpath(fidelity.table_dir, out.resolve())  # the report travels
+    written[0].write_text(json.dumps(body, indent=2) + "\n")
     written[1].write_text(markdown(fidelity, plots))
     fidelity.steps.round(6).to_csv(written[2], index=False, float_format="%.6g")
     requests = requests_frame(fidelity)

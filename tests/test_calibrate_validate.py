@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from calibrate import gpu_check
-from calibrate.bracket import bracket_problems
+from calibrate.bracket import bracket_problems, replay_passes
 from calibrate.fit import FEATURES, fit_table
 from calibrate.profile import ProfileSettings, profile_engine
 from calibrate.report import markdown, requests_frame, step_errors, write_report
@@ -234,19 +234,54 @@ def test_bracketing_refuses_what_it_cannot_compare(calibrated, tmp_path: Path,  
     scenario, _ = load_scenario(scenario_path)
     ok = ProfileSettings(passes=2)
     assert bracket_problems(ok, scenario) == []
-    assert "passes: bracketing a replay needs at least 2 passes, got 1" in bracket_problems(
+    assert "passes: bracketing 1 replay(s) needs at least 2 passes, got 1" in bracket_problems(
         dataclasses.replace(ok, passes=1), scenario)
+    assert "passes: bracketing 2 replay(s) needs at least 3 passes, got 2" in bracket_problems(
+        ok, scenario, replays=2)
     assert any(p.startswith("model:") for p in bracket_problems(
         dataclasses.replace(ok, model="llama-100m"), scenario))
     assert any(p.startswith("block_size:") for p in bracket_problems(
         dataclasses.replace(ok, block_size=32), scenario))
     assert main(["calibrate", "profile", "--model", "tiny", "--device", "cpu", "--out",
                  str(tmp_path / "t"), "--passes", "1", "--validate", str(scenario_path)]) == 2
-    assert "--passes: bracketing a replay needs at least 2" in capsys.readouterr().err
+    assert "--passes: bracketing 1 replay(s) needs at least 2" in capsys.readouterr().err
+    assert main(["calibrate", "profile", "--model", "tiny", "--device", "cpu", "--out",
+                 str(tmp_path / "t"), "--passes", "3", "--validate", str(scenario_path),
+                 "--validate", str(scenario_path), "--fidelity-out", str(tmp_path / "f")]) == 2
+    assert "--fidelity-out: one directory for 2 scenarios" in capsys.readouterr().err
     assert main(["calibrate", "profile", "--model", "tiny", "--device", "cpu", "--out",
                  str(tmp_path / "t"), "--validate", str(tmp_path / "none.yaml")]) == 2
     assert "--validate:" in capsys.readouterr().err
     assert not (tmp_path / "t").exists()
+
+
+def test_replays_sit_between_consecutive_passes_around_the_middle() -> None:
+    assert replay_passes(4, 1) == [2] and replay_passes(2, 1) == [1]
+    assert replay_passes(4, 2) == [2, 3] and replay_passes(4, 3) == [1, 2, 3]
+    assert replay_passes(7, 2) == [3, 4]
+
+
+def test_profile_cli_validates_several_scenarios_each_between_two_passes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(SCENARIO.replace("num_requests: 30", "num_requests: 8"))
+    speculative = tmp_path / "spec.yaml"
+    speculative.write_text(plain.read_text().replace("name: ci_calibrate", "name: ci_spec")
+                           + "speculative: {num_tokens: 2}\n")
+    out = tmp_path / "t"
+    assert main(["calibrate", "profile", "--model", "tiny", "--device", "cpu", "--out",
+                 str(out), "--budget-s", "2", "--passes", "3", "--repeats", "2",
+                 "--max-num-batched-tokens", "256", "--max-num-seqs", "8",
+                 "--max-model-len", "512", "--quiet", "--validate", str(plain),
+                 "--validate", str(speculative)]) == 0
+    first = json.loads((out / "fidelity" / "fidelity.json").read_text())
+    second = json.loads((out / "fidelity-ci_spec" / "fidelity.json").read_text())
+    assert first["scenario"] == "ci_calibrate" and second["scenario"] == "ci_spec"
+    assert first["info"]["bracketed"].startswith("between passes 1 and 2")
+    assert second["info"]["bracketed"].startswith("between passes 2 and 3")
+    assert "speculation" in second["info"] and "speculation" not in first["info"]
+    assert first["table"] == ".."  # the report names its table relative to itself
+    assert "ci_spec:" in capsys.readouterr().out
 
 
 def test_relative_error_is_signed_against_the_engine() -> None:
