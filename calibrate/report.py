@@ -129,12 +129,16 @@ def markdown(fidelity: Fidelity, plots: bool = True) -> str:
 
 
 def _speculation(spec: dict[str, float]) -> str:
+    drew = (f"each request's alpha from a Beta with the engine's pooled alpha "
+            f"{spec['alpha']:.3f} as mean and its requests' spread (std "
+            f"{spec['simulated_alpha_std']:.3f})" if spec.get("simulated_alpha_std")
+            else f"acceptances with the engine's alpha {spec['alpha']:.3f}")
     return (f"Speculative decoding: the engine accepted {spec['acceptance_rate']:.1%} of its "
             f"drafts, {spec['tokens_per_verify']:.2f} tokens per verify"
             + (f" of {spec['drafts_per_verify']:.2f} drafts" if "drafts_per_verify" in spec
                else "")
-            + f"; the simulator drew acceptances with the alpha that gives the same, "
-            f"{spec['alpha']:.3f}, so the comparison is of timing, not of an acceptance guess.")
+            + f"; the simulator drew {drew}, so the comparison is of timing, not of an "
+            "acceptance guess.")
 
 
 def _load(values: Any) -> str:

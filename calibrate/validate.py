@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -32,7 +33,13 @@ from gpu_engine.replay import replay_scenario
 from sim.latency import LatencyModel
 from sim.latency.table_format import TableMetadata, load_table
 from sim.run import RunResult, build_latency, run_scenario
-from sim.scenario import FixedAlphaConfig, LatencyConfig, Scenario, load_scenario
+from sim.scenario import (
+    BetaAlphaConfig,
+    FixedAlphaConfig,
+    LatencyConfig,
+    Scenario,
+    load_scenario,
+)
 from sim.speculative import alpha_for_tokens_per_step
 
 # (summary key, label, unit): the metrics the fidelity report compares
@@ -170,11 +177,13 @@ def compare(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
     loaded = load_table(table_dir, scenario.model_spec, scenario.kv.block_size,
                         scenario.hardware.count)
     engine_run = replay.result
-    speculation = engine_acceptance(engine_run.summary)
+    speculation = engine_acceptance(engine_run.summary, engine_run.recorder.requests_frame())
     simulated = scenario
-    if speculation:  # compare timing, not the acceptance guess: the engine's alpha
+    if speculation:  # compare timing, not the acceptance guess: the engine's acceptance
+        acceptance = acceptance_config(speculation)
+        speculation["simulated_alpha_std"] = getattr(acceptance, "std", 0.0)
         simulated = scenario.model_copy(update={"speculative": scenario.speculative.model_copy(
-            update={"acceptance": FixedAlphaConfig(alpha=speculation["alpha"])})})
+            update={"acceptance": acceptance})})
     with_table = simulated.model_copy(update={"latency": LatencyConfig(
         model="table", path=str(table_dir))})
     with_roofline = simulated.model_copy(update={"latency": LatencyConfig()})
@@ -194,9 +203,17 @@ def compare(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
                     roofline_run, frame, info)
 
 
-def engine_acceptance(summary: dict[str, Any]) -> dict[str, float]:
-    """An engine run's drafts per verify, tokens per verify and the fixed alpha that gives
-    them (sim.speculative's i.i.d. acceptance); empty when nothing was drafted."""
+def engine_acceptance(summary: dict[str, Any], requests: pd.DataFrame | None = None
+                      ) -> dict[str, float]:
+    """What an engine run's speculation measured, and the acceptance that reproduces it.
+
+    `alpha`: the fixed alpha with the engine's pooled tokens per verify
+    (sim.speculative's i.i.d. acceptance). `alpha_std`: the spread of its requests'
+    own alphas (from each request's drafted / accepted counts in `requests`), which
+    the simulator draws per request from a Beta with mean `alpha`: how much one
+    request's drafts match differs a lot between requests, and that spread is what
+    sets TPOT's percentiles. Empty when nothing was drafted.
+    """
     drafted, accepted = summary.get("spec_draft_tokens", 0), summary.get("spec_accepted_tokens", 0)
     per_step = summary.get("mean_tokens_per_spec_step", math.nan)
     if not drafted or not math.isfinite(per_step):
@@ -205,9 +222,26 @@ def engine_acceptance(summary: dict[str, Any]) -> dict[str, float]:
         return {"tokens_per_verify": 1.0, "acceptance_rate": 0.0, "alpha": 0.0}
     k = drafted * (per_step - 1.0) / accepted  # drafted / verifies
     per_step = min(per_step, k + 1.0)  # equal in exact arithmetic when all were accepted
-    return {"drafts_per_verify": k, "tokens_per_verify": per_step,
-            "acceptance_rate": accepted / drafted,
-            "alpha": alpha_for_tokens_per_step(per_step, k)}
+    out = {"drafts_per_verify": k, "tokens_per_verify": per_step,
+           "acceptance_rate": accepted / drafted,
+           "alpha": alpha_for_tokens_per_step(per_step, k)}
+    if requests is not None and "spec_drafted" in requests:
+        own = requests[requests["spec_drafted"] > 0]
+        tokens = (1.0 + own["spec_accepted"] * k / own["spec_drafted"]).clip(1.0, k + 1.0)
+        alphas = [alpha_for_tokens_per_step(float(t), k) for t in tokens]
+        if len(alphas) >= 2:
+            out["alpha_std"] = float(np.std(alphas))
+    return out
+
+
+def acceptance_config(measured: dict[str, float]) -> FixedAlphaConfig | BetaAlphaConfig:
+    """The simulator's acceptance for an engine's measured one: a Beta per request with the
+    pooled alpha as mean and the requests' spread (kept feasible), else the fixed alpha."""
+    mean, std = measured["alpha"], measured.get("alpha_std", 0.0)
+    if 0.0 < mean < 1.0 and std > 0.01:
+        return BetaAlphaConfig(dist="beta", mean=mean,
+                               std=min(std, 0.95 * math.sqrt(mean * (1.0 - mean))))
+    return FixedAlphaConfig(alpha=mean)
 
 
 def validate(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,

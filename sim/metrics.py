@@ -74,7 +74,7 @@ __all__ = ["PERCENTILES", "SLO", "RunRecorder", "describe_ms", "format_summary",
            "weighted_percentiles"]
 _REQ_FLOAT = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s")
 _REQ_INT = ("request_id", "prompt_tokens", "output_tokens", "prefix_hit_tokens",
-            "preemptions", "reason_code")
+            "preemptions", "reason_code", "spec_drafted", "spec_accepted")
 _FINISHED_CODE = -1
 
 
@@ -117,7 +117,7 @@ def _rate(amount: float, duration_s: float) -> float:
 
 
 class RunRecorder:
-    """Typed columns of finished/rejected requests (80 B each) and O(1)-size step stats."""
+    """Typed columns of finished/rejected requests (96 B each) and O(1)-size step stats."""
 
     __slots__ = ("_req", "_reason_codes", "_itl", "_series", "_num_steps", "_busy_s",
                  "_batch_x_s", "_max_kv_blocks_used", "_padded_x_s", "_slot_steps",
@@ -156,6 +156,8 @@ class RunRecorder:
         c["prefix_hit_tokens"].append(req.prefix_hit_tokens)
         c["preemptions"].append(req.num_preemptions)
         c["reason_code"].append(code)
+        c["spec_drafted"].append(req.spec_drafted)
+        c["spec_accepted"].append(req.spec_accepted)
 
     def record_finished(self, req: Request) -> None:
         if req.state is not RequestState.FINISHED:
@@ -355,6 +357,9 @@ class RunRecorder:
                                                  "preemptions")})
         for metric in ("ttft", "tpot", "e2el", "queue"):
             frame[f"{metric}_ms"] = r[f"{metric}_s"] * 1e3
+        if self._spec is not None:  # speculation on: each request's drafts and acceptances
+            frame["spec_drafted"] = r["spec_drafted"]
+            frame["spec_accepted"] = r["spec_accepted"]
         frame["status"] = np.where(r["finished"], "finished", "rejected")
         frame["rejection_reason"] = pd.Series(reasons, dtype=object)
         if self._extra_columns is not None:

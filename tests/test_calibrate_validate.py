@@ -19,6 +19,7 @@ from calibrate.profile import ProfileSettings, profile_engine
 from calibrate.report import markdown, requests_frame, step_errors, write_report
 from calibrate.validate import (
     METRICS,
+    acceptance_config,
     compare,
     engine_acceptance,
     relative_error_pct,
@@ -33,7 +34,7 @@ from sim.latency.table_format import (
     read_measurements,
     write_fit,
 )
-from sim.scenario import load_scenario
+from sim.scenario import BetaAlphaConfig, FixedAlphaConfig, load_scenario
 from sim.speculative import expected_tokens_per_step
 
 SCENARIO = """
@@ -393,3 +394,12 @@ def test_engine_acceptance_reads_the_engines_summary() -> None:
     assert some["drafts_per_verify"] == pytest.approx(3.0)
     assert some["acceptance_rate"] == pytest.approx(0.4)
     assert expected_tokens_per_step(some["alpha"], 3) == pytest.approx(2.2)
+    assert acceptance_config(some) == FixedAlphaConfig(alpha=some["alpha"])
+    # per request: one never matched (5 verifies, nothing accepted), one nearly always did
+    frame = pd.DataFrame({"spec_drafted": [15, 15, 0], "spec_accepted": [0, 12, 0]})
+    spread = engine_acceptance({"spec_draft_tokens": 30, "spec_accepted_tokens": 12,
+                                "mean_tokens_per_spec_step": 2.2}, frame)
+    assert spread["alpha"] == pytest.approx(some["alpha"]) and spread["alpha_std"] > 0.3
+    beta = acceptance_config(spread)
+    assert isinstance(beta, BetaAlphaConfig) and beta.mean == pytest.approx(some["alpha"])
+    assert beta.std < math.sqrt(beta.mean * (1 - beta.mean))  # kept a feasible Beta

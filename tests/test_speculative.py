@@ -399,3 +399,20 @@ def test_alpha_for_tokens_per_step_ends_and_refusals() -> None:
         alpha_for_tokens_per_step(5.5, 4)
     with pytest.raises(ValueError, match="tokens_per_step must be in"):
         alpha_for_tokens_per_step(0.9, 4)
+
+
+def test_each_request_counts_its_drafts_and_acceptances() -> None:
+    """Per request (requests.csv with speculation on): drafts verified and accepted, summing
+    to the run's totals; each request accepts at most what it drafted."""
+    scenario, base = load_scenario(None, [*SMALL, "speculative.num_tokens=4",
+                                          "speculative.acceptance={dist: uniform, low: 0.1, "
+                                          "high: 0.9}"])
+    run = run_scenario(scenario, base, show_progress=False)
+    frame = run.recorder.requests_frame()
+    assert frame["spec_drafted"].sum() == run.summary["spec_draft_tokens"]
+    assert frame["spec_accepted"].sum() == run.summary["spec_accepted_tokens"]
+    assert (frame["spec_accepted"] <= frame["spec_drafted"]).all()
+    assert (frame["spec_accepted"] + 1 <= frame["output_tokens"]).all()
+    off, _ = load_scenario(None, SMALL)
+    assert "spec_drafted" not in run_scenario(off, base, show_progress=False) \
+        .recorder.requests_frame()

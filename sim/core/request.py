@@ -51,6 +51,8 @@ class Request:
     num_preemptions: int = 0
     prefix_hit_tokens: int = 0
     rejection_reason: str | None = None
+    spec_drafted: int = 0  # speculative decoding: draft tokens verified, and accepted
+    spec_accepted: int = 0
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
@@ -101,6 +103,8 @@ class Request:
                              f"{self.output_tokens} scripted output tokens")
         self.num_computed_tokens += num_emitted
         self.num_output_done += num_emitted
+        self.spec_drafted += drafts
+        self.spec_accepted += num_emitted - 1
         if self.num_output_done < self.output_tokens:
             return False
         self.state = RequestState.FINISHED
