@@ -22,7 +22,7 @@ from calibrate.rig import Rig
 from gpu_engine.engine import Engine, StepLog, WallClock
 from gpu_engine.speculative import NgramDrafter
 from sim.core.request import Request
-from sim.latency.table_format import Measurement
+from sim.latency.table_format import Measurement, step_kind
 from sim.metrics import RunRecorder
 
 
@@ -138,14 +138,11 @@ def to_measurement(walls_s: list[list[float]], devices_s: list[list[float]],
     walls_s = np.mean(np.array(walls_s), axis=0).tolist()
     devices_s = np.mean(np.array(devices_s), axis=0).tolist()
     shape = logs[len(logs) // 2].shape
-    kind = "mixed" if shape.prefill_chunk_tokens and shape.num_decodes else (
-        "prefill" if shape.prefill_chunk_tokens else "verify" if shape.num_spec_tokens
-        else "decode")
     query_tokens = 1 + shape.num_spec_tokens // max(1, shape.num_spec_decodes)
     wall = np.percentile(np.array(walls_s) * 1e3, [50, 10, 90])
     device = np.percentile(np.array(devices_s) * 1e3, [50, 10, 90])
     device = device if (device > 0).all() else np.full(3, math.nan)
-    return Measurement(kind, shape.prefill_chunk_tokens, shape.prefill_context_tokens,
+    return Measurement(step_kind(shape), shape.prefill_chunk_tokens, shape.prefill_context_tokens,
                        shape.num_decodes, shape.decode_context_sum, shape.decode_context_max,
                        shape.padded_batch, query_tokens, len(walls_s), *map(float, device),
                        *map(float, wall))

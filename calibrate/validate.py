@@ -31,7 +31,7 @@ from gpu_engine.engine import StepLog
 from gpu_engine.host import torch_threads
 from gpu_engine.replay import replay_scenario
 from sim.latency import LatencyModel
-from sim.latency.table_format import TableMetadata, load_table
+from sim.latency.table_format import TableMetadata, load_table, step_kind
 from sim.run import RunResult, build_latency, run_scenario
 from sim.scenario import (
     BetaAlphaConfig,
@@ -123,8 +123,7 @@ def steps_table(steps: Sequence[StepLog], table: LatencyModel, roofline: Latency
         chunks = shape.prefill_chunk_tokens
         rows.append({
             "start_s": s.start_s,
-            "kind": "mixed" if chunks and shape.num_decodes else (
-                "prefill" if chunks else "verify" if shape.num_spec_tokens else "decode"),
+            "kind": step_kind(shape),
             "num_seqs": s.num_seqs,
             "prefill_tokens": sum(chunks),
             "prefill_context_tokens": sum(shape.prefill_context_tokens),

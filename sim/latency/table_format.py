@@ -44,6 +44,14 @@ Migration = Callable[[dict[str, Any]], dict[str, Any]]
 MIGRATIONS: Mapping[int, Migration] = MappingProxyType({})
 
 
+def step_kind(shape: StepShape) -> str:
+    """Which of KINDS a step is: prefill chunks with decodes are mixed, decodes verifying
+    drafts are verify."""
+    if shape.prefill_chunk_tokens:
+        return "mixed" if shape.num_decodes else "prefill"
+    return "verify" if shape.num_spec_tokens else "decode"
+
+
 class TableError(ValueError):
     """A missing, malformed or mismatched calibration table: a user error, printed as is."""
 
