@@ -108,9 +108,11 @@ def test_simulator_matches_the_engine_on_a_noisy_machine(calibrated, tmp_path: P
                                                          ) -> None:
     """Throughput within 10%, p50 TTFT and TPOT within 15% (medians over the replays).
 
-    This machine's speed swings by 10-30% between 5-second windows. The simulator's
-    request-level metrics are checked at the speed each replay actually ran (the table
-    rescaled by the replay's measured / predicted busy time): that is what the
+    This machine's speed swings by 10-30% between 5-second windows, and not evenly:
+    one replay's decode steps ran 44% slower than profiled while its prefills did not.
+    The simulator's request-level metrics are checked at the speed each replay actually
+    ran: TTFT with the table rescaled by the replay's measured / predicted time of the
+    steps that prefill, TPOT by that of the decode-only steps. That is what the
     simulator adds to the table, and it always holds. The table's own level is checked
     too whenever every replay ran at the profile's speed (within 5%): on a CI box the
     replays once all ran 3-11% slower than the passes around them, which moves TPOT by
@@ -120,10 +122,18 @@ def test_simulator_matches_the_engine_on_a_noisy_machine(calibrated, tmp_path: P
     for fidelity in fidelities:
         assert fidelity.engine.summary["completed"] == 30
         assert fidelity.table.summary["completed"] == 30
+
+    def speed(f, prefill: bool) -> float:  # noqa: ANN001
+        steps = f.steps[(f.steps["prefill_tokens"] > 0) == prefill]
+        return steps["measured_ms"].sum() / steps["table_ms"].sum()
+
     speeds = [f.steps["measured_ms"].sum() / f.steps["table_ms"].sum() for f in fidelities]
-    at_speed = [compare(scenario, base_dir, rescaled_table(table, k, tmp_path / f"x{i}"), run)
-                for i, ((scenario, base_dir, run), k) in enumerate(zip(replays, speeds,
-                                                                       strict=True))]
+    at_speed = {
+        prefill: [compare(scenario, base_dir, rescaled_table(
+            table, speed(f, prefill), tmp_path / f"x{i}{prefill}"), run)
+            for i, ((scenario, base_dir, run), f) in enumerate(zip(replays, fidelities,
+                                                                   strict=True))]
+        for prefill in (True, False)}
 
     def median_errors(runs: list) -> dict[str, float]:  # noqa: ANN001
         return {key: abs(float(np.median([f.metric(key).table_error_pct for f in runs])))
@@ -134,11 +144,13 @@ def test_simulator_matches_the_engine_on_a_noisy_machine(calibrated, tmp_path: P
                                     f"({m.table_error_pct:+.1f}%)" for m in f.metrics[:6])
                           for f in runs) + f" | speeds {[round(k, 3) for k in speeds]}"
 
-    raw, rescaled = median_errors(fidelities), median_errors(at_speed)
-    report = describe(fidelities) + " || at speed: " + describe(at_speed)
+    raw = median_errors(fidelities)
+    ttft_at_speed, tpot_at_speed = median_errors(at_speed[True]), median_errors(at_speed[False])
+    report = (describe(fidelities) + " || at prefill speed: " + describe(at_speed[True])
+              + " || at decode speed: " + describe(at_speed[False]))
     assert raw["request_throughput"] <= 10, report
-    assert rescaled["median_ttft_ms"] <= 15, report
-    assert rescaled["median_tpot_ms"] <= 15, report
+    assert ttft_at_speed["median_ttft_ms"] <= 15, report
+    assert tpot_at_speed["median_tpot_ms"] <= 15, report
     if all(abs(k - 1) <= 0.05 for k in speeds):  # ran at the profile's speed
         assert raw["median_ttft_ms"] <= 15, report
         assert raw["median_tpot_ms"] <= 15, report
@@ -195,9 +207,10 @@ def test_report_carries_the_actual_numbers(calibrated) -> None:  # noqa: ANN001
     assert len(steps) == fidelity.info["engine_steps"] == len(fidelity.steps)
     requests = pd.read_csv(out / "requests.csv")
     assert len(requests) == 30 and requests["ttft_ms_engine"].notna().all()
-    # the table's TTFT p50 in the JSON is the median of the requests the CSV lists
+    # the table's TTFT p50 in the JSON is the median of the requests the CSV lists (which
+    # holds 6 significant digits: up to 5e-6 relative rounding)
     assert requests["ttft_ms_table"].median() == pytest.approx(
-        fidelity.metric("median_ttft_ms").table, rel=1e-6)
+        fidelity.metric("median_ttft_ms").table, rel=1e-5)
 
 
 def test_each_engine_step_is_priced_by_both_models(calibrated) -> None:  # noqa: ANN001
