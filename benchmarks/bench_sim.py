@@ -1,7 +1,7 @@
 """Simulator speed and memory: simulated requests per wall-second and peak RSS.
 
-Azure-2023-conversation lengths (sampled with replacement; the shipped
-synthetic trace when ../shared is absent), Poisson arrivals, continuous
+Azure-2023-conversation lengths (builtin:azure_conv, sampled with
+replacement), Poisson arrivals, continuous
 batching, Llama-3-8B on one H100 with the roofline model. Each point runs in
 a fresh process so its peak RSS is its own.
 
@@ -19,11 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-AZURE_CONV = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023_conv.csv"
-
 
 def scenario_dict(num_requests: int, rate: float) -> dict:
-    trace = str(AZURE_CONV) if AZURE_CONV.exists() else "builtin:synthetic_conv"
+    trace = "builtin:azure_conv"
     lengths = {"prompt_tokens": {"dist": "empirical", "trace": trace, "column": "prompt"},
                "output_tokens": {"dist": "empirical", "trace": trace, "column": "output"}}
     return {"name": "bench", "workload": {"arrivals": {"process": "poisson", "rate": rate},

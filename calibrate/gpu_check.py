@@ -6,8 +6,7 @@
 For each model (Llama-3-8B and Qwen2.5-1.5B shapes, random weights, bf16):
 `calibrate profile` on CUDA within a time budget, `calibrate fit`, then
 `calibrate validate` on a 200-request replay of the Azure LLM 2023
-conversation trace (found beside the checkout, else the built-in synthetic
-conversation trace, said so in the summary). Everything goes under OUT_DIR:
+conversation trace (builtin:azure_conv, or `--trace FILE`). Everything goes under OUT_DIR:
 OUT_DIR/<model>/table (the calibration table), OUT_DIR/<model>/fidelity (the
 report), OUT_DIR/summary.md and summary.json (both fidelity tables, the
 device, versions and timings), and the fidelity tables are printed.
@@ -41,10 +40,7 @@ from calibrate.validate import validate  # noqa: E402
 from sim.scenario import validate_scenario  # noqa: E402
 from sim.workload import make_requests  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
-TRACE_NAME = "azure_llm_2023_conv.csv"
-TRACE_CANDIDATES = (REPO.parent / "shared" / "traces" / TRACE_NAME,
-                    REPO / "shared" / "traces" / TRACE_NAME)
+TRACE = "builtin:azure_conv"  # shipped with servesim (sim/workload/data/traces)
 CPU_HOST = {"name": "cpu-host", "bf16_flops_per_s": 5.0e10, "memory_bytes": 268435456,
             "memory_bandwidth_bytes_per_s": 1.0e10,
             "interconnect_bandwidth_bytes_per_s": 1.0e10,
@@ -100,14 +96,13 @@ class Alarm:
 
 
 def find_trace(explicit: str | None) -> tuple[str, str]:
-    """(workload trace path, what it is): the Azure conversation trace, else the built-in."""
-    for path in ([Path(explicit)] if explicit else list(TRACE_CANDIDATES)):
-        if path.is_file():
-            return str(path.resolve()), f"Azure LLM 2023 conversation trace ({path})"
-    if explicit:
+    """(workload trace path, what it is): `--trace FILE`, else the shipped Azure trace."""
+    if explicit is None:
+        return TRACE, f"Azure LLM 2023 conversation trace ({TRACE})"
+    path = Path(explicit)
+    if not path.is_file():
         raise FileNotFoundError(f"--trace: {explicit} is not a file")
-    return "builtin:synthetic_conv", ("built-in synthetic conversation trace (Azure-like "
-                                      f"lengths): {TRACE_NAME} was not found beside the checkout")
+    return str(path.resolve()), f"trace {path}"
 
 
 def scenario_for(model: str, plan: Plan, trace: str) -> Any:
@@ -219,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="tiny sizes on the CPU: checks the whole path in a minute")
     parser.add_argument("--deadline-s", type=float, default=None,
                         help="hard limit for everything (default 450; smoke 240)")
-    parser.add_argument("--trace", default=None, help=f"path of {TRACE_NAME}")
+    parser.add_argument("--trace", default=None,
+                        help=f"a trace file to validate on (default: {TRACE})")
     args = parser.parse_args(argv)
     plan = Plan.smoke() if args.smoke else Plan.full()
     if plan.device == "cuda" and not torch.cuda.is_available():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -163,9 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
+                      lineno: int, file: object = None, line: str | None = None) -> None:
+    """A warning is for the user: one `warning: ...` line, not the source line that raised it."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    with warnings.catch_warnings():  # restores the usual display when the command returns
+        warnings.showwarning = _one_line_warning
+        return args.func(args)
 
 
 if __name__ == "__main__":

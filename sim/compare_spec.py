@@ -141,7 +141,11 @@ def load_spec(path: str | Path) -> Base:
             raw.setdefault("workload", copy.deepcopy(DEFAULT_WORKLOAD))
             scenario = _validate(raw, [], source)
         raw.setdefault("workload", copy.deepcopy(DEFAULT_WORKLOAD))
-        trace_rate = _trace_rate(raw, base_dir, source) if scenario.workload.trace else None
+        if isinstance(raw["workload"].get("trace"), str):  # `trace: FILE`: time_scale goes in
+            raw["workload"]["trace"] = {"path": raw["workload"]["trace"]}
+        # a trace without arrival times runs at workload.arrivals: its rate is what varies
+        timed_trace = scenario.workload.trace is not None and scenario.workload.arrivals is None
+        trace_rate = _trace_rate(raw, base_dir, source) if timed_trace else None
         base = Base(spec, source, base_dir, raw, trace_rate)
         rate = spec.rates[0] if isinstance(spec.rates, list) else spec.auto.start
         for variant in spec.variants:  # a bad override fails now, not mid-sweep

@@ -19,7 +19,6 @@ from sim.run import run_scenario
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
 QUICKSTART = SCENARIOS / "quickstart.yaml"
-SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 SERVESIM = Path(sys.executable).parent / "servesim"
 HEADINGS = ("Serving Benchmark Result", "Successful requests:", "Time to First Token",
             "Time per Output Token (excl. 1st token)", "Inter-token Latency",
@@ -196,8 +195,6 @@ COMPARE_SPECS = [p for p in sorted(SCENARIOS.glob("*.yaml")) if is_compare_spec(
 @pytest.mark.parametrize("path", COMPARE_SPECS, ids=lambda p: p.name)
 def test_every_shipped_compare_spec_runs_each_variant(path: Path) -> None:
     """Each variant of a shipped compare spec validates and runs (on a few requests)."""
-    if "shared/traces" in path.read_text() and not SHARED_TRACES.is_dir():
-        pytest.skip(f"{SHARED_TRACES} is absent: the real traces are not here")
     base = load_spec(path)
     policies = set()
     for variant in base.spec.variants:
@@ -214,8 +211,6 @@ def test_every_shipped_compare_spec_runs_each_variant(path: Path) -> None:
 @pytest.mark.parametrize("path", SCENARIO_FILES, ids=lambda p: p.name)
 def test_every_shipped_scenario_runs(path: Path, tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
-    if "shared/traces" in path.read_text() and not SHARED_TRACES.is_dir():
-        pytest.skip(f"{SHARED_TRACES} is absent: the real traces are not here")
     code, out, err = run_cli(capsys, "run", str(path), "--out", str(tmp_path), "--no-plots",
                              "--set", "workload.num_requests=100")
     assert code == 0, err

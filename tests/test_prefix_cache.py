@@ -20,8 +20,8 @@ from sim.report import format_summary
 from sim.run import run_scenario
 from sim.scenario import Scenario
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-MOONCAKE = TRACES / "mooncake_conversation.jsonl"
+MOONCAKE = (Path(__file__).resolve().parents[1] / "sim" / "workload" / "data" / "traces"
+            / "mooncake_conversation.jsonl")
 
 
 def ids_request(rid: int, ids: tuple[int, ...], prompt: int, unit: int = 8,
@@ -224,8 +224,6 @@ def test_both_scheduler_paths_hit_identically_under_concurrency() -> None:
 
 
 def mooncake_rows(limit: int) -> list[dict]:
-    if not MOONCAKE.exists():
-        pytest.skip(f"Mooncake trace not found at {MOONCAKE}")
     with MOONCAKE.open() as handle:
         return [json.loads(line) for line, _ in zip(handle, range(limit), strict=False)]
 

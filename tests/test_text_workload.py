@@ -55,18 +55,17 @@ def test_jsonl_prompts_become_requests_with_their_token_ids(tmp_path: Path, toke
                                                             request: pytest.FixtureRequest
                                                             ) -> None:
     tok = ByteTokenizer() if tokenizer == "byte" else request.getfixturevalue("tekken")
-    rows = [{"prompt": SYSTEM + q, "output_tokens": 7 + i, "timestamp": 5000 - 1000 * i,
+    rows = [{"prompt": SYSTEM + q, "output_tokens": 7 + i, "timestamp": 2000 + 1000 * i,
              "user": "ignored"} for i, q in enumerate(QUESTIONS)]
     path = write_jsonl(tmp_path / "prompts.jsonl", rows)
     assert detect_format(path) == "text"
     reqs = requests_of(path, tokenizer=tokenizer, trace={"path": str(path), "time_scale": 2.0})
-    # rows sort by arrival (ms in `timestamp`), first at 0, sped up twice
-    by_arrival = sorted(rows, key=lambda r: r["timestamp"])
+    # request i is row i; arrivals in ms (`timestamp`), first at 0, sped up twice
     assert [r.request_id for r in reqs] == list(range(len(rows)))
-    t0 = by_arrival[0]["timestamp"]
+    t0 = rows[0]["timestamp"]
     assert [r.arrival_s for r in reqs] == pytest.approx(
-        [(row["timestamp"] - t0) / 1000 / 2.0 for row in by_arrival])
-    for req, row in zip(reqs, by_arrival, strict=True):
+        [(row["timestamp"] - t0) / 1000 / 2.0 for row in rows])
+    for req, row in zip(reqs, rows, strict=True):
         ids = tuple(tok.encode(row["prompt"]))
         assert req.prompt_token_ids == ids
         assert req.prompt_tokens == len(ids)
@@ -102,8 +101,10 @@ def test_what_the_file_lacks_must_be_configured_and_nothing_twice(tmp_path: Path
                     output_tokens={"dist": "fixed", "value": 4})
     csv = tmp_path / "plain.csv"
     csv.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n")
-    with pytest.raises(ValueError, match="carries its own arrivals and lengths"):
+    with pytest.raises(ValueError, match="workload.output_tokens: .* gives every row an output"):
         requests_of(csv, output_tokens={"dist": "fixed", "value": 4})
+    with pytest.raises(ValueError, match=r"gives every row an arrival time; .*arrival_s: null"):
+        requests_of(csv, arrivals={"process": "constant", "rate": 1.0})
     with pytest.raises(ValueError, match="'prompt_tokens'"):
         WorkloadConfig.model_validate({"trace": {"path": str(bare)},
                                        "prompt_tokens": {"dist": "fixed", "value": 4}})

@@ -8,6 +8,7 @@ import inspect
 import itertools
 import json
 import math
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,15 +33,12 @@ from sim.workload.lengths import (
 )
 from sim.workload.traces import MOONCAKE_UNIT_TOKENS, TraceFormatError, read_trace
 
-SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+SHIPPED = Path(__file__).resolve().parents[1] / "sim" / "workload" / "data" / "traces"
 FAST = settings(max_examples=25, deadline=None)
 
 
-def shared_trace(name: str) -> Path:
-    path = SHARED_TRACES / name
-    if not path.is_file():
-        pytest.skip(f"shared trace {path} is absent (the ../shared/traces folder ships separately)")
-    return path
+def shipped_trace(name: str) -> Path:
+    return SHIPPED / name
 
 
 def first_gaps_s(process: ArrivalProcess, n: int, seed: int = 0, chunk: int = 8192) -> np.ndarray:
@@ -185,7 +183,7 @@ def test_length_spec_rejects_nonsense() -> None:
 
 
 def test_azure_conversation_trace_reads_every_row() -> None:
-    path = shared_trace("azure_llm_2023_conv.csv")
+    path = shipped_trace("azure_llm_2023_conv.csv")
     with path.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     trace = read_trace(path, "azure")
@@ -200,7 +198,7 @@ def test_azure_conversation_trace_reads_every_row() -> None:
 
 
 def test_azure_time_scale_halves_arrivals() -> None:
-    path = shared_trace("azure_llm_2023_code.csv")
+    path = shipped_trace("azure_llm_2023_code.csv")
     plain, fast = read_trace(path), read_trace(path, "azure", time_scale=2.0)
     assert len(plain) == 8_819
     np.testing.assert_allclose(fast.arrival_s, plain.arrival_s / 2.0)
@@ -208,7 +206,7 @@ def test_azure_time_scale_halves_arrivals() -> None:
 
 
 def test_mooncake_trace_carries_hash_ids() -> None:
-    path = shared_trace("mooncake_conversation.jsonl")
+    path = shipped_trace("mooncake_conversation.jsonl")
     with path.open() as handle:
         first = [json.loads(next(handle)) for _ in range(3)]
     trace = read_trace(path)
@@ -221,36 +219,40 @@ def test_mooncake_trace_carries_hash_ids() -> None:
 # ---------------------------------------------------------------- traces (tmp files)
 
 AZURE_SMALL = """TIMESTAMP,ContextTokens,GeneratedTokens
-2023-11-16 18:17:04.0319600,3180,8
 2023-11-16 18:17:03.9799600,4808,0
+2023-11-16 18:17:04.0319600,3180,8
 2023-11-16 23:59:59.9999999,10,1
 2023-11-17 00:00:00.0000001,10,2
 """
 
 
-def test_azure_reader_sorts_rebases_and_clamps(tmp_path: Path) -> None:
+def test_azure_reader_rebases_and_reads_a_zero_length_as_one(tmp_path: Path) -> None:
     path = tmp_path / "a.csv"
     path.write_text(AZURE_SMALL)
-    trace = read_trace(path)  # format detected from the header
+    with pytest.warns(UserWarning, match=r"a\.csv: 1 rows have GeneratedTokens 0 \(first at "
+                      r"line 2\); each is read as 1 token"):
+        trace = read_trace(path)  # format detected from the header
     np.testing.assert_allclose(trace.arrival_s[:2], [0.0, 0.052], atol=1e-9)
     assert trace.arrival_s[3] - trace.arrival_s[2] == pytest.approx(2e-7, abs=1e-9)  # midnight
     assert trace.prompt_tokens.tolist() == [4808, 3180, 10, 10]
-    assert trace.output_tokens.tolist() == [1, 8, 1, 2] and trace.num_clamped == 1
-    scaled = read_trace(path, "azure", time_scale=2.0)
+    assert trace.output_tokens.tolist() == [1, 8, 1, 2]
+    with pytest.warns(UserWarning, match="GeneratedTokens 0"):
+        scaled = read_trace(path, "azure", time_scale=2.0)
     np.testing.assert_allclose(scaled.arrival_s, trace.arrival_s / 2.0)
 
 
 def test_mooncake_reader_ms_and_hashes(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     rows = [
-        {"timestamp": 1500, "input_length": 600, "output_length": 3, "hash_ids": [0, 2]},
         {"timestamp": 500, "input_length": 700, "output_length": 4, "hash_ids": [0, 1]},
+        {"timestamp": 1500, "input_length": 600, "output_length": 3, "hash_ids": [0, 2]},
+        {"timestamp": 1500, "input_length": 100, "output_length": 3, "hash_ids": [3]},
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     trace = read_trace(path, "mooncake")
-    assert trace.arrival_s.tolist() == [0.0, 1.0]
-    assert trace.prefix_block_ids == ((0, 1), (0, 2))
-    assert trace.prompt_tokens.tolist() == [700, 600]
+    assert trace.arrival_s.tolist() == [0.0, 1.0, 1.0]  # ties keep file order
+    assert trace.prefix_block_ids == ((0, 1), (0, 2), (3,))
+    assert trace.prompt_tokens.tolist() == [700, 600, 100]
 
 
 @settings(
@@ -264,15 +266,19 @@ def test_mooncake_reader_ms_and_hashes(tmp_path: Path) -> None:
     )
 )
 def test_plain_csv_round_trips(tmp_path: Path, rows: list[tuple[float, int, int]]) -> None:
-    path = tmp_path / "p.csv"
-    path.write_text(
-        "arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{a!r},{p},{o}\n" for a, p, o in rows)
-    )
-    trace = read_trace(path, "csv")
     ordered = sorted(rows, key=lambda r: r[0])
+    path = tmp_path / "p.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                    + "".join(f"{a!r},{p},{o}\n" for a, p, o in ordered))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trace = read_trace(path, "csv")
     assert trace.arrival_s.tolist() == pytest.approx([a - ordered[0][0] for a, _, _ in ordered])
     assert trace.prompt_tokens.tolist() == [max(p, 1) for _, p, _ in ordered]
     assert trace.output_tokens.tolist() == [max(o, 1) for _, _, o in ordered]
+    zero_columns = {c for c, i in (("prompt_tokens", 1), ("output_tokens", 2))
+                    if any(r[i] == 0 for r in rows)}
+    assert {str(w.message).split(" have ")[1].split(" 0 ")[0] for w in caught} == zero_columns
 
 
 @pytest.mark.parametrize(
@@ -280,7 +286,7 @@ def test_plain_csv_round_trips(tmp_path: Path, rows: list[tuple[float, int, int]
     [
         ("azure", AZURE_SMALL + "2023-11-16 18:17:05.1,abc,3\n", 6, "ContextTokens"),
         ("azure", AZURE_SMALL + "16/11/2023 18:17,5,3\n", 6, "TIMESTAMP"),
-        ("azure", "when,ContextTokens,GeneratedTokens\n", 1, "header"),
+        ("azure", "when,Context,Generated\n", 1, "header"),
         ("csv", "arrival_s,prompt_tokens,output_tokens\n0,1,1\n1.5,-3,2\n", 3, "prompt_tokens"),
         ("csv", "arrival_s,prompt_tokens,output_tokens\n0,1,1\nnan,3,2\n", 3, "arrival_s"),
         ("csv", "arrival_s,prompt_tokens,output_tokens\n0,1,1\n4,2\n", 3, "3 fields"),
@@ -368,16 +374,18 @@ def test_empirical_from_a_short_trace_serves_any_count(tmp_path: Path) -> None:
         prompt_tokens={"dist": "empirical", "trace": "t.csv"},
         output_tokens={"dist": "empirical", "trace": "t.csv", "format": "csv"},
     )
-    requests = list(make_requests(cfg, seed=0, base_dir=tmp_path))
+    with pytest.warns(UserWarning, match="output_tokens 0"):
+        requests = list(make_requests(cfg, seed=0, base_dir=tmp_path))
     assert len(requests) == 5000
     assert {r.prompt_tokens for r in requests} == {11, 22}
-    assert {r.output_tokens for r in requests} == {1, 5}  # 0 in the trace is clamped to 1
+    assert {r.output_tokens for r in requests} == {1, 5}  # 0 in the trace is read as 1
     swapped = synthetic(prompt_tokens={"dist": "empirical", "trace": "t.csv", "column": "output"})
-    assert {r.prompt_tokens for r in make_requests(swapped, 0, tmp_path)} == {1, 5}
+    with pytest.warns(UserWarning, match="output_tokens 0"):
+        assert {r.prompt_tokens for r in make_requests(swapped, 0, tmp_path)} == {1, 5}
 
 
 def test_empirical_from_real_trace_with_more_requests_than_rows() -> None:
-    path = shared_trace("azure_llm_2023_code.csv")
+    path = shipped_trace("azure_llm_2023_code.csv")
     cfg = synthetic(num_requests=20_000, output_tokens={"dist": "empirical", "trace": str(path)})
     outputs = {r.output_tokens for r in make_requests(cfg, seed=0)}
     assert outputs <= set(read_trace(path).output_tokens.tolist())
@@ -428,7 +436,7 @@ def test_mooncake_ids_that_disagree_with_the_length_are_kept_and_counted(tmp_pat
 
 
 def test_real_mooncake_ids_match_prompt_lengths() -> None:
-    path = shared_trace("mooncake_conversation.jsonl")
+    path = shipped_trace("mooncake_conversation.jsonl")
     assert read_trace(path).num_prefix_mismatched == 0
     cfg = WorkloadConfig.model_validate({"trace": {"path": str(path)}, "num_requests": 2000})
     for r in make_requests(cfg, seed=0):

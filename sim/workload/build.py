@@ -6,8 +6,12 @@ where a validated `workload:` section becomes the frozen values they take.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
+
+import numpy as np
 
 from sim.workload.arrivals import ArrivalProcess
 from sim.workload.conversations import ConversationSpec, ThinkTime
@@ -38,10 +42,16 @@ from sim.workload.schema import (
     WorkloadConfig,
 )
 from sim.workload.text import trace_lengths, workload_tokenizer
-from sim.workload.traces import Trace, TraceFormat, detect_format, read_trace
+from sim.workload.traces import Trace, TraceFormat, detect_format, read_column, read_trace
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_TRACES = {"synthetic_conv": "data/synthetic_conv.csv"}
+# the shipped traces (package data; sources, licences and citations in data/traces/README.md)
+BUILTIN_TRACES = {
+    "azure_code": "data/traces/azure_llm_2023_code.csv",
+    "azure_conv": "data/traces/azure_llm_2023_conv.csv",
+    "mooncake_conv": "data/traces/mooncake_conversation.jsonl",
+    "synthetic_conv": "data/synthetic_conv.csv",
+}
 
 
 def resolve_trace_path(path: str, base_dir: Path | None = None) -> Path:
@@ -59,28 +69,47 @@ def resolve_trace_path(path: str, base_dir: Path | None = None) -> Path:
     raise FileNotFoundError(f"trace file {path!r} not found (tried: {tried})")
 
 
+@contextmanager
+def trace_file(path: str, base_dir: Path | None = None) -> Iterator[Path]:
+    """A readable file for a config path: a `builtin:` name or a path (see resolve_trace_path)."""
+    if not path.startswith(BUILTIN_PREFIX):
+        yield resolve_trace_path(path, base_dir)
+        return
+    name = path.removeprefix(BUILTIN_PREFIX)
+    if name not in BUILTIN_TRACES:
+        raise FileNotFoundError(f"unknown builtin trace {name!r}; have "
+                                f"{', '.join(BUILTIN_PREFIX + n for n in BUILTIN_TRACES)}")
+    with resources.as_file(resources.files("sim.workload").joinpath(BUILTIN_TRACES[name])) as real:
+        yield real
+
+
 def load_trace(
     path: str,
     fmt: TraceFormat | None,
     time_scale: float = 1.0,
     base_dir: Path | None = None,
     tokenizer: str | None = None,
+    columns: Mapping[str, str | None] | None = None,
 ) -> Trace:
     """Read a trace by config path, including the shipped `builtin:` ones.
 
-    A text trace's prompts are tokenized with `tokenizer` (`workload.tokenizer`).
+    A text trace's prompts are tokenized with `tokenizer` (`workload.tokenizer`);
+    `columns` maps a CSV's own column names (`trace.columns`).
     """
-    if not path.startswith(BUILTIN_PREFIX):
-        real_path = resolve_trace_path(path, base_dir)
+    with trace_file(path, base_dir) as real_path:
         is_text = (fmt or detect_format(real_path)) == "text"
         tok = workload_tokenizer(tokenizer, base_dir) if is_text else None
-        return read_trace(real_path, fmt, time_scale, tok)
-    name = path.removeprefix(BUILTIN_PREFIX)
-    if name not in BUILTIN_TRACES:
-        raise FileNotFoundError(f"unknown builtin trace {name!r}; have {sorted(BUILTIN_TRACES)}")
-    resource = resources.files("sim.workload").joinpath(BUILTIN_TRACES[name])
-    with resources.as_file(resource) as real_path:
-        return read_trace(real_path, fmt or "csv", time_scale)
+        return read_trace(real_path, fmt, time_scale, tok, columns)
+
+
+def _empirical_values(cfg: EmpiricalConfig, trace_path: str, column: str,
+                      base_dir: Path | None, tokenizer: str | None) -> np.ndarray:
+    """`column: prompt | output` reads the trace's lengths; any other name reads that column."""
+    if column in ("prompt", "output"):
+        trace = load_trace(trace_path, cfg.format, base_dir=base_dir, tokenizer=tokenizer)
+        return trace_lengths(trace, column)
+    with trace_file(trace_path, base_dir) as real_path:
+        return read_column(real_path, cfg.format, column)
 
 
 def length_spec(
@@ -100,8 +129,7 @@ def length_spec(
         case EmpiricalConfig(values=list() as values):
             dist = Empirical(tuple(values))
         case EmpiricalConfig(trace=str() as trace_path):
-            trace = load_trace(trace_path, cfg.format, base_dir=base_dir, tokenizer=tokenizer)
-            lengths = trace_lengths(trace, cfg.column or column)
+            lengths = _empirical_values(cfg, trace_path, cfg.column or column, base_dir, tokenizer)
             dist = Empirical(tuple(lengths.tolist()))
         case _:
             raise TypeError(f"not a length config: {cfg!r}")

@@ -36,7 +36,7 @@ from sim.workload.schema import (
     WorkloadConfig,
 )
 from sim.workload.text import TextTrace, check_fill, text_requests
-from sim.workload.traces import MOONCAKE_UNIT_TOKENS, Trace
+from sim.workload.traces import MOONCAKE_UNIT_TOKENS, Trace, replay_times_s
 
 __all__ = [
     "ConversationsConfig",
@@ -94,15 +94,11 @@ def _synthetic(
             request_id += 1
 
 
-def _replay(trace: Trace, limit: float, end_s: float) -> Iterator[Request]:
-    """Mooncake rows keep their hash_ids exactly as given, one per 512 tokens."""
+def _replay(trace: Trace, times_s: Iterator[float], limit: float, end_s: float
+            ) -> Iterator[Request]:
+    """Request i is trace row i; Mooncake rows keep their hash_ids exactly as given."""
     hashes = trace.prefix_block_ids
-    rows = zip(
-        trace.arrival_s.tolist(),
-        trace.prompt_tokens.tolist(),
-        trace.output_tokens.tolist(),
-        strict=True,
-    )
+    rows = zip(times_s, trace.prompt_tokens.tolist(), trace.output_tokens.tolist(), strict=False)
     for request_id, (arrival_s, prompt, output) in enumerate(rows):
         if request_id >= limit or arrival_s >= end_s:
             return
@@ -135,8 +131,10 @@ def make_requests(
     limit = cfg.num_requests if cfg.num_requests is not None else math.inf
     end_s = cfg.duration_s if cfg.duration_s is not None else math.inf
     if cfg.trace is not None:
+        columns = cfg.trace.columns.mapping() if cfg.trace.columns is not None else None
         trace = load_trace(
-            cfg.trace.path, cfg.trace.format, cfg.trace.time_scale, base_dir, cfg.tokenizer
+            cfg.trace.path, cfg.trace.format, cfg.trace.time_scale, base_dir, cfg.tokenizer,
+            columns,
         )
         fill_arrivals = arrival_process(cfg.arrivals) if cfg.arrivals is not None else None
         fill_output = (
@@ -154,7 +152,7 @@ def make_requests(
                 "replaying them as given",
                 stacklevel=2,
             )
-        return _replay(trace, limit, end_s)
+        return _replay(trace, replay_times_s(trace, fill_arrivals, seed, chunk_size), limit, end_s)
     if cfg.arrivals is None or cfg.prompt_tokens is None or cfg.output_tokens is None:
         raise ValueError("a synthetic workload needs arrivals, prompt_tokens and output_tokens")
     process = arrival_process(cfg.arrivals)

@@ -2,7 +2,8 @@
 
 Two shapes, exactly one per workload: synthetic (`arrivals` + `prompt_tokens`
 + `output_tokens`, bounded by `num_requests` and/or `duration_s`) or a trace
-replay (`trace`, optionally cut by the same two limits). A synthetic workload
+replay (`trace`, optionally cut by the same two limits; `arrivals` beside it
+time a trace that has no arrival column). A synthetic workload
 may add `shared_prefix` (a fraction of prompts start with a common system
 prompt) and/or `conversations` (then `arrivals` are conversation starts,
 `prompt_tokens` is each conversation's first prompt and `output_tokens` every
@@ -20,6 +21,7 @@ from sim.workload.traces import TraceFormat
 Rate = Annotated[float, Field(gt=0, allow_inf_nan=False, description="requests per second")]
 Burstiness = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Tokens = Annotated[int, Field(ge=1)]
+ColumnName = Annotated[str, Field(min_length=1)]
 
 
 class _Strict(BaseModel):
@@ -96,13 +98,19 @@ class LognormalConfig(_Clipped):
 
 
 class EmpiricalConfig(_Clipped):
-    """Either literal `values` or a `trace` column (defaults to the field it sits under)."""
+    """Either literal `values` or a `trace` column (defaults to the field it sits under).
+
+    `column: prompt` / `output` are the trace's prompt / output lengths in its format's
+    columns; any other name is a column of the CSV (or a key of the JSONL rows) itself.
+    """
 
     dist: Literal["empirical"]
     values: Annotated[list[Tokens], Field(min_length=1)] | None = None
     trace: str | None = None
     format: TraceFormat | None = None
-    column: Literal["prompt", "output"] | None = None
+    column: ColumnName | None = Field(
+        None, description="prompt, output, or a column of the file (e.g. 'Response tokens')"
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> EmpiricalConfig:
@@ -119,10 +127,50 @@ LengthConfig = Annotated[
 ]
 
 
+class TraceColumnsConfig(_Strict):
+    """A CSV's own header names for the three trace columns (unset: the format's)."""
+
+    arrival_s: ColumnName | None = Field(
+        None, description="seconds or date-times; null: ignore the file's arrivals"
+    )
+    prompt_tokens: ColumnName | None = None
+    output_tokens: ColumnName | None = None
+
+    @model_validator(mode="after")
+    def _lengths_not_null(self) -> TraceColumnsConfig:
+        for name in ("prompt_tokens", "output_tokens"):
+            if name in self.model_fields_set and getattr(self, name) is None:
+                raise ValueError(f"{name}: a replay needs a column of {name}; name one")
+        return self
+
+    def mapping(self) -> dict[str, str | None]:
+        """Only the keys the user set, so the rest keep the format's names."""
+        return self.model_dump(exclude_unset=True)
+
+
 class TraceConfig(_Strict):
-    path: str = Field(description="file path, or builtin:synthetic_conv")
+    """`trace: FILE` is short for `trace: {path: FILE}`."""
+
+    path: str = Field(
+        description="file path, or builtin:azure_conv, azure_code, mooncake_conv, synthetic_conv"
+    )
     format: TraceFormat | None = Field(None, description="guessed from the file if omitted")
+    columns: TraceColumnsConfig | None = Field(
+        None, description="a CSV's own column names: {arrival_s, prompt_tokens, output_tokens}"
+    )
     time_scale: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_path(cls, data: object) -> object:
+        return {"path": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _columns_for_csv(self) -> TraceConfig:
+        if self.columns is not None and self.format in ("mooncake", "text"):
+            raise ValueError(f"columns: maps the columns of a CSV trace, not of a {self.format} "
+                             "one (remove columns or format)")
+        return self
 
 
 DEFAULT_UNIT_TOKENS = 16
@@ -198,7 +246,8 @@ class WorkloadConfig(_Strict):
         }
         given = [name for name, value in synthetic.items() if value is not None]
         if self.trace is not None:
-            # a text trace may take arrivals and output lengths from here for rows lacking them
+            # a trace without arrival times takes them from here, a text trace's rows
+            # without output_tokens their lengths
             extras = [
                 name
                 for name in ("prompt_tokens", "shared_prefix", "conversations")
@@ -207,7 +256,7 @@ class WorkloadConfig(_Strict):
             if extras:
                 raise ValueError(
                     f"give either 'trace' or synthetic fields, not both: {extras} "
-                    "(only 'arrivals' and 'output_tokens' may fill in what a text trace lacks)"
+                    "(only 'arrivals' and 'output_tokens' may fill in what a trace lacks)"
                 )
             return self
         if len(given) != len(synthetic):

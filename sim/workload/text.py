@@ -22,16 +22,18 @@ import numpy as np
 from sim.core.request import Request
 from sim.text import ByteTokenizer, Tokenizer, TokenizerError, load_tokenizer
 from sim.text.catalogue import find_known
-from sim.workload.arrivals import ArrivalProcess, arrival_chunks_s
+from sim.workload.arrivals import ArrivalProcess
 from sim.workload.lengths import LengthSpec, sample_lengths
-from sim.workload.traces import (
-    Trace,
+from sim.workload.trace_rows import (
     TraceFormatError,
-    _count,
-    _fail,
-    _seconds,
+    at_least_one,
+    check_arrivals,
+    count,
     jsonl_records,
+    row_error,
+    seconds,
 )
+from sim.workload.traces import Trace, replay_times_s
 
 _ARRIVAL_KEYS = ("arrival_s", "timestamp")
 _EXPECTED = 'a JSON object with a "prompt" string'
@@ -43,7 +45,6 @@ class TextTrace(Trace):
 
     prompt_ids: tuple[np.ndarray, ...] = ()
     tokenizer_name: str = "byte"
-    arrivals_given: bool = True
     output_given: np.ndarray | None = None  # bool per row; None = every row gave one
 
 
@@ -71,51 +72,54 @@ def read_prompts(path: Path) -> list[tuple[int, dict]]:
 def _arrival_s(record: dict, path: Path, line: int) -> float | None:
     given = [key for key in _ARRIVAL_KEYS if key in record]
     if len(given) > 1:
-        raise _fail(path, line, "one of arrival_s (s) or timestamp (ms), not both", record)
+        raise row_error(path, line, "one of arrival_s (s) or timestamp (ms), not both", record)
     if not given:
         return None
-    seconds = _seconds(record[given[0]], path, line, given[0])
-    return seconds / 1000.0 if given[0] == "timestamp" else seconds
+    value_s = seconds(record[given[0]], path, line, given[0])
+    return value_s / 1000.0 if given[0] == "timestamp" else value_s
 
 
 def read_text_trace(path: Path, tokenizer: Tokenizer | None = None, time_scale: float = 1.0
                     ) -> TextTrace:
-    """Tokenize every prompt (default: bytes); sorted by arrival when rows carry one."""
+    """Tokenize every prompt (default: bytes); rows stay in file order, as every trace's do."""
     tokenizer = tokenizer or ByteTokenizer()
     rows = read_prompts(path)
+    lines = [line for line, _ in rows]
     arrivals = [_arrival_s(record, path, line) for line, record in rows]
     timed = [a is not None for a in arrivals]
     if any(timed) and not all(timed):
         line = rows[timed.index(not timed[0])][0]
-        raise _fail(path, line, "arrival_s or timestamp on every row or on none", "a row "
-                    + ("without" if timed[0] else "with") + " one")
+        raise row_error(path, line, "arrival_s or timestamp on every row or on none", "a row "
+                        + ("without" if timed[0] else "with") + " one")
     ids: list[np.ndarray] = []
     outputs: list[int] = []
     given: list[bool] = []
     for line, record in rows:
         tokens = np.asarray(tokenizer.encode(record["prompt"]), dtype=np.int32)
         if tokens.size == 0:
-            raise _fail(path, line, f"a prompt of at least one {tokenizer.name} token",
-                        record["prompt"])
+            raise row_error(path, line, f"a prompt of at least one {tokenizer.name} token",
+                            record["prompt"])
         ids.append(tokens)
         has_output = "output_tokens" in record
         given.append(has_output)
-        outputs.append(_count(record["output_tokens"], path, line, "output_tokens")
+        outputs.append(count(record["output_tokens"], path, line, "output_tokens")
                        if has_output else 1)
     arrival_s = np.asarray([a or 0.0 for a in arrivals], dtype=np.float64)
-    order = np.argsort(arrival_s, kind="stable")
-    arrival_s = (arrival_s[order] - arrival_s[order[0]]) / time_scale
-    output = np.asarray(outputs, dtype=np.int64)[order]
-    mask = np.asarray(given, dtype=bool)[order]
+    if all(timed):
+        stamps = [record.get("arrival_s", record.get("timestamp")) for _, record in rows]
+        keys = {key for _, record in rows for key in _ARRIVAL_KEYS if key in record}
+        check_arrivals(arrival_s, lines, stamps, path, " or ".join(sorted(keys)))
+    mask = np.asarray(given, dtype=bool)
     return TextTrace(
         source=str(path),
-        arrival_s=arrival_s,
-        prompt_tokens=np.asarray([t.size for t in ids], dtype=np.int64)[order],
-        output_tokens=np.maximum(output, 1),
-        num_clamped=int(np.count_nonzero((output == 0) & mask)),
-        prompt_ids=tuple(ids[i] for i in order.tolist()),
+        arrival_s=(arrival_s - arrival_s[0]) / time_scale,
+        prompt_tokens=np.asarray([t.size for t in ids], dtype=np.int64),
+        output_tokens=at_least_one(np.asarray(outputs, dtype=np.int64), lines, path,
+                                   "output_tokens"),
+        prompt_ids=tuple(ids),
         tokenizer_name=tokenizer.name,
         arrivals_given=all(timed),
+        arrival_column="arrival_s or timestamp",
         output_given=None if mask.all() else mask,
     )
 
@@ -146,19 +150,22 @@ def trace_lengths(trace: Trace, column: str) -> np.ndarray:
 
 
 def check_fill(trace: Trace, process: ArrivalProcess | None, output: LengthSpec | None) -> None:
-    """`workload.arrivals` / `output_tokens` beside a trace only fill what a text trace lacks."""
-    if not isinstance(trace, TextTrace):
-        if process is not None or output is not None:
-            raise ValueError(f"workload.arrivals and workload.output_tokens only fill in what a "
-                             f"text trace (JSONL rows with a prompt) lacks; {trace.source} "
-                             "carries its own arrivals and lengths: remove them")
-        return
+    """`workload.arrivals` fills in a trace without arrival times, `workload.output_tokens` the
+    rows of a text trace without one; anything else beside a trace is a mistake."""
     if trace.arrivals_given and process is not None:
+        undo = ("the arrivals from the file" if isinstance(trace, TextTrace) else
+                "set trace.columns: {arrival_s: null} to replay the rows at workload.arrivals")
         raise ValueError(f"workload.arrivals: {trace.source} gives every row an arrival time; "
-                         "remove workload.arrivals, or the arrivals from the file")
+                         f"remove workload.arrivals, or {undo}")
     if not trace.arrivals_given and process is None:
-        raise ValueError(f"workload.arrivals: {trace.source} has no arrival_s or timestamp; "
+        raise ValueError(f"workload.arrivals: {trace.source} has no {trace.arrival_column}; "
                          "set workload.arrivals (e.g. process: poisson, rate: 2)")
+    if not isinstance(trace, TextTrace):
+        if output is not None:
+            raise ValueError(f"workload.output_tokens: {trace.source} gives every row an output "
+                             "length; remove workload.output_tokens (it fills in text-trace "
+                             "rows without output_tokens)")
+        return
     if trace.output_given is not None and output is None:
         missing = int(np.count_nonzero(~trace.output_given))
         raise ValueError(f"workload.output_tokens: {missing} rows of {trace.source} have no "
@@ -169,19 +176,14 @@ def text_requests(trace: TextTrace, process: ArrivalProcess | None, output: Leng
                   seed: int, limit: float, end_s: float, chunk_size: int) -> Iterator[Request]:
     """Requests carrying their prompt ids; arrivals and missing outputs drawn when needed."""
     check_fill(trace, process, output)
-    arrivals_rng, output_rng = (np.random.default_rng(c)
-                                for c in np.random.SeedSequence(seed).spawn(2))
+    output_rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[1])
     outputs = trace.output_tokens
     if trace.output_given is not None and output is not None:
         outputs = outputs.copy()
         missing = ~trace.output_given
         outputs[missing] = sample_lengths(output, output_rng, int(np.count_nonzero(missing)))
-    if trace.arrivals_given or process is None:
-        times: Iterator[float] = iter(trace.arrival_s.tolist())
-    else:
-        times = (t for chunk in arrival_chunks_s(process, arrivals_rng, chunk_size)
-                 for t in chunk.tolist())
-    rows = zip(times, trace.prompt_ids, outputs.tolist(), strict=False)
+    times_s = replay_times_s(trace, process, seed, chunk_size)
+    rows = zip(times_s, trace.prompt_ids, outputs.tolist(), strict=False)
     for request_id, (arrival_s, ids, out) in enumerate(rows):
         if request_id >= limit or arrival_s >= end_s:
             return
