@@ -1,0 +1,94 @@
+"""The roofline cut to what kernel tables measure equals RooflineLatency's own terms."""
+
+from __future__ import annotations
+
+import pytest
+
+from calibrate.measured import ModelShape
+from calibrate.measured_kernels import AttentionShape
+from calibrate.roofline_check import (
+    Efficiencies,
+    ErrorSummary,
+    decode_attention_s,
+    device_hardware,
+    linear_stack_s,
+    linear_stack_terms,
+    prefill_attention_s,
+)
+from sim.latency.roofline import RooflineLatency
+from sim.specs import get_hardware, get_model
+
+
+def _shape(name: str) -> ModelShape:
+    m = get_model(name)
+    return ModelShape(m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
+                      m.intermediate_size, m.vocab_size, True)
+
+
+@pytest.mark.parametrize(("name", "tp"), [("llama-3-8b", 1), ("llama-3-8b", 2),
+                                          ("llama-3-70b", 4), ("mistral-7b", 8)])
+def test_terms_equal_roofline_latency(name: str, tp: int) -> None:
+    model = get_model(name)
+    roof = RooflineLatency(model, get_hardware("h100-sxm"), tp=tp, step_overhead_s=0)
+    flops, weight_bytes = linear_stack_terms(_shape(name), tp, rows=0)
+    lm_head_and_final_norm = (model.vocab_size * model.hidden_size / tp + model.hidden_size) * 2
+    assert flops == 0
+    assert weight_bytes == pytest.approx(roof._dense_weight_bytes - lm_head_and_final_norm)
+    flops_1, bytes_1 = linear_stack_terms(_shape(name), tp, rows=1)
+    assert flops_1 == pytest.approx(roof._linear_flops_per_token)
+    assert bytes_1 - weight_bytes == pytest.approx(roof._act_bytes_per_token)
+
+
+def test_ungated_mlp_reads_two_matrices() -> None:
+    gated = _shape("llama-3-8b")
+    ungated = ModelShape(*[getattr(gated, f) for f in gated.__slots__[:-1]], False)
+    _, gated_bytes = linear_stack_terms(gated, 1, 0)
+    _, ungated_bytes = linear_stack_terms(ungated, 1, 0)
+    one_matrix = gated.num_layers * gated.hidden * gated.intermediate * 2
+    assert gated_bytes - ungated_bytes == pytest.approx(one_matrix)
+
+
+def test_stack_is_flat_then_compute_bound() -> None:
+    hw = device_hardware("h100")
+    shape = _shape("llama-3-8b")
+    assert linear_stack_s(shape, 1, 1, hw) == pytest.approx(linear_stack_s(shape, 1, 8, hw),
+                                                            rel=0.01)
+    big = linear_stack_s(shape, 1, 4096, hw)
+    flops, _ = linear_stack_terms(shape, 1, 4096)
+    assert big == pytest.approx(flops / (hw.bf16_flops_per_s * 0.6))
+    slower = linear_stack_s(shape, 1, 4096, hw, Efficiencies(compute=0.3))
+    assert slower == pytest.approx(2 * big)
+
+
+def test_decode_attention_bandwidth_bound_by_hand() -> None:
+    """Issue 20's example: 32-8-128 at tp1, batch 64, 4,096 KV tokens, H100."""
+    hw = device_hardware("h100")
+    attn = AttentionShape(32, 8, 128, 1)
+    kv_bytes = 64 * 4097 * 2 * 8 * 128 * 2
+    expected = kv_bytes / (hw.memory_bandwidth_bytes_per_s * 0.8)
+    assert decode_attention_s(attn, 64, 4096, hw) == pytest.approx(expected)
+    # tp2 halves the KV heads each GPU reads.
+    assert decode_attention_s(AttentionShape(32, 8, 128, 2), 64, 4096, hw) == pytest.approx(
+        expected / 2)
+
+
+def test_prefill_attention_is_causal_and_compute_bound() -> None:
+    hw = device_hardware("a100")
+    attn = AttentionShape(32, 32, 128, 1)
+    t = prefill_attention_s(attn, 8192, 0, hw)
+    pairs = 8192 * 8193 / 2
+    assert t == pytest.approx(pairs * 4 * 32 * 128 / (hw.bf16_flops_per_s * 0.6))
+    assert prefill_attention_s(attn, 4096, 4096, hw) > prefill_attention_s(attn, 4096, 0, hw)
+
+
+def test_unknown_device_is_refused() -> None:
+    with pytest.raises(ValueError, match="no catalogue GPU for measured device 'a40'"):
+        device_hardware("a40")
+
+
+def test_error_summary() -> None:
+    s = ErrorSummary.of([-0.2, 0.1, 0.05, -0.4, 0.0], [1, 2, 4, 8, 16])
+    assert (s.n, s.median, s.worst, s.worst_at) == (5, 0.0, -0.4, 8)
+    assert 0.2 < s.p95_abs <= 0.4
+    with pytest.raises(ValueError):
+        ErrorSummary.of([], [])
