@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from calibrate.fit import fit_table, format_report
 from sim.latency.table_format import FIT_FILE, TableError
@@ -55,6 +56,13 @@ def _register_fit(commands: argparse._SubParsersAction) -> None:
 
 
 def _fit(args: argparse.Namespace) -> int:
+    from sim.output_dir import OutputDirError, check_output_dir
+
+    try:
+        check_output_dir(Path(args.dir), "DIR")  # fit.json goes there: refuse before fitting
+    except OutputDirError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     try:
         report = fit_table(args.dir, args.timing, args.holdout_every, args.seed)
     except TableError as err:

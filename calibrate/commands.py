@@ -37,6 +37,20 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _dirs_ok(dirs: list[tuple[str | None, str]]) -> bool:
+    """Check each (directory, option) before any measuring; print the first problem."""
+    from sim.output_dir import OutputDirError, check_output_dir
+
+    try:
+        for path, option in dirs:
+            if path:
+                check_output_dir(Path(path), option)
+    except OutputDirError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return False
+    return True
+
+
 def _option(problem: str) -> str:
     """'field_name: why' -> '--field-name: why'."""
     name, sep, why = problem.partition(":")
@@ -50,11 +64,14 @@ def add_profile(commands: argparse._SubParsersAction) -> None:
                     "shapes and write DIR/measurements.csv + DIR/metadata.json "
                     "(then `servesim calibrate fit DIR`).")
     p.add_argument("--model", required=True, help="catalogue model, e.g. tiny or llama-3-8b")
-    p.add_argument("--device", required=True, choices=("cpu", "cuda"))
+    p.add_argument("--device", required=True, choices=("cpu", "cuda"),
+                   help="where the engine runs; the table belongs to this device")
     p.add_argument("--out", required=True, help="table directory to write")
     p.add_argument("--budget-s", type=_seconds, default=None, metavar="S",
                    help="thin the grid to measure within S seconds (corners always kept)")
-    p.add_argument("--block-size", type=_positive_int, default=16)
+    p.add_argument("--block-size", type=_positive_int, default=16,
+                   help="KV block size in tokens, as the scenarios that will use the table "
+                        "set kv.block_size (default 16)")
     p.add_argument("--max-num-batched-tokens", type=_positive_int, default=512, metavar="N",
                    help="the scheduler's token budget: largest prefill chunk (default 512)")
     p.add_argument("--max-num-seqs", type=_positive_int, default=32, metavar="N",
@@ -72,7 +89,9 @@ def add_profile(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="cpu: time the CPU engine by its thread's CPU time, immune to other "
                         "jobs taking the core (validate then replays on the same clock)")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="weights' and KV's dtype (default auto: bfloat16 on cuda, float32 on "
+                        "cpu)")
     p.add_argument("--seed", type=int, default=0, help="random weights' seed")
     p.add_argument("--validate", metavar="SCENARIO", action="append", default=[],
                    help="also fit, and validate on SCENARIO replayed between the middle two "
@@ -106,6 +125,8 @@ def _profile(args: argparse.Namespace) -> int:
     problems = settings.problems()
     if problems:
         print("error: " + "; ".join(_option(p) for p in problems), file=sys.stderr)
+        return 2
+    if not _dirs_ok([(args.out, "--out"), (args.fidelity_out, "--fidelity-out")]):
         return 2
     if args.validate:
         return _profile_and_validate(args, settings)
@@ -198,8 +219,16 @@ def _validate(args: argparse.Namespace) -> int:
     from calibrate.validate import validate_file
     from gpu_engine.setup import EngineSetupError
     from sim.latency.table_format import TableError
-    from sim.scenario import ScenarioError
+    from sim.scenario import ScenarioError, load_scenario
 
+    try:  # the report's directory is named after the scenario: check it before the replay
+        name = load_scenario(args.scenario, args.overrides)[0].name
+    except ScenarioError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.out or Path("results") / f"{name}_fidelity")
+    if not _dirs_ok([(str(out), "--out" if args.out else "output directory")]):
+        return 2
     try:
         fidelity = validate_file(args.scenario, args.table, args.overrides, args.threads,
                                  show_progress=not args.quiet, clock=args.clock)
@@ -212,7 +241,6 @@ def _validate(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as err:  # a missing trace, no room for KV
         print(f"error: {args.scenario}: {err}", file=sys.stderr)
         return 2
-    out = Path(args.out or Path("results") / f"{fidelity.scenario.name}_fidelity")
     write_report(fidelity, out, plots=not args.no_plots)
     print(metrics_markdown(fidelity))
     print()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -16,7 +17,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("scenario", nargs="?", help="scenario YAML; omit for the built-in default")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field, e.g. --set workload.arrivals.rate=8 (repeatable)")
-    p.add_argument("--out", help="output directory (default: the scenario's output.dir)")
+    p.add_argument("--out", help="output directory (default: the scenario's output.dir, else "
+                                 "results/<name>, plus +KEY=VALUE for each --set); it is replaced "
+                                 "whole by the new run")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no table")
     p.add_argument("--timeline", type=int, default=0, metavar="N",
@@ -26,6 +29,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from sim.metrics import format_summary
+    from sim.output_dir import OutputDirError, Staging, variant_dir
     from sim.run import run_scenario
     from sim.scenario import ScenarioError, load_scenario
 
@@ -38,15 +42,22 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: --timeline: must be >= 0 requests to trace, got {args.timeline}",
               file=sys.stderr)
         return 2
+    out_dir, field = out_dir_of(args.out, scenario.output.dir,
+                                variant_dir(scenario.name, args.overrides))
     try:
-        result = run_scenario(scenario, base_dir, show_progress=not args.quiet,
-                              timeline=args.timeline)
-    except (ValueError, FileNotFoundError) as err:  # e.g. a missing trace, no room for KV
-        print(f"error: {args.scenario or 'default scenario'}: {err}", file=sys.stderr)
+        stage = Staging(out_dir, field)  # checked before the work, swapped in after it
+    except OutputDirError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
-    out_dir = Path(args.out or scenario.output.dir or Path("results") / scenario.name)
-    plots = scenario.output.plots and not args.no_plots
-    result.write_outputs(out_dir, plots=plots)
+    with stage:
+        try:
+            result = run_scenario(scenario, base_dir, show_progress=not args.quiet,
+                                  timeline=args.timeline)
+        except (ValueError, FileNotFoundError) as err:  # e.g. a missing trace, no room for KV
+            print(f"error: {args.scenario or 'default scenario'}: {err}", file=sys.stderr)
+            return 2
+        result.write_outputs(stage.path, plots=scenario.output.plots and not args.no_plots)
+        stage.commit()
     if not args.quiet:
         model, hw = scenario.model_spec, scenario.hardware_spec
         fleet = (f" per replica, {scenario.replicas} replicas behind a "
@@ -57,6 +68,16 @@ def _run(args: argparse.Namespace) -> int:
         print(format_summary(result.summary))
         print(f"simulated in {result.wall_s:.2f} s wall; results in {out_dir}/")
     return 0
+
+
+def out_dir_of(flag: str | None, configured: str | None, default: Path,
+               config_field: str = "output.dir") -> tuple[Path, str]:
+    """The output directory and the setting it came from, for error messages."""
+    if flag:
+        return Path(flag), "--out"
+    if configured:
+        return Path(configured), config_field
+    return default, "output directory"
 
 
 def _add_backend_options(p: argparse.ArgumentParser) -> None:
@@ -83,6 +104,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from sim.output_dir import OutputDirError, Staging
     from sim.scenario import ScenarioError
     from sim.sweep import (
         SHORT_METRICS,
@@ -94,16 +116,24 @@ def _sweep(args: argparse.Namespace) -> int:
         write_table,
     )
 
-    out_dir = Path(args.out or Path("results") / f"sweep_{Path(args.scenario).stem}")
+    default = Path("results") / f"sweep_{Path(args.scenario).stem}"
+    out_dir, field = out_dir_of(args.out, None, default)
     try:
         grid = parse_grid(args.grid)
         backend = Backend(args.backend, args.jobs, args.scheduler_address)
-        table = sweep(args.scenario, grid, backend, out_dir, plots=args.plots,
-                      progress=not args.quiet)
-    except (SweepError, ScenarioError, ValueError, FileNotFoundError) as err:
+        stage = Staging(out_dir, field)
+    except (SweepError, OutputDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    write_table(table, out_dir, "sweep")
+    with stage:
+        try:
+            table = sweep(args.scenario, grid, backend, stage.path, plots=args.plots,
+                          progress=not args.quiet)
+        except (SweepError, ScenarioError, ValueError, FileNotFoundError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        write_table(table, stage.path, "sweep")
+        stage.commit()
     if not args.quiet:
         short = [c for c in table.columns if c in grid or c in SHORT_METRICS]
         print(markdown_table(table[short]), end="")
@@ -121,19 +151,28 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
 
 def _compare(args: argparse.Namespace) -> int:
     from sim.compare import format_compare, load_spec, run_compare, write_compare
+    from sim.output_dir import OutputDirError, Staging
     from sim.scenario import ScenarioError
     from sim.sweep import Backend, SweepError
 
     try:
         base = load_spec(args.spec)
         backend = Backend(args.backend, args.jobs, args.scheduler_address)
-        result = run_compare(base, backend, progress=not args.quiet)
-    except (SweepError, ScenarioError, ValueError, FileNotFoundError) as err:
+        name = base.spec.name or Path(args.spec).stem
+        out_dir, field = out_dir_of(args.out, base.spec.out, Path("results") / f"compare_{name}",
+                                    config_field=f"{args.spec}: out")
+        stage = Staging(out_dir, field)
+    except (SweepError, ScenarioError, OutputDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    name = base.spec.name or Path(args.spec).stem
-    out_dir = Path(args.out or base.spec.out or Path("results") / f"compare_{name}")
-    write_compare(result, out_dir, plots=not args.no_plots)
+    with stage:
+        try:
+            result = run_compare(base, backend, progress=not args.quiet)
+        except (SweepError, ScenarioError, ValueError, FileNotFoundError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        write_compare(result, stage.path, plots=not args.no_plots)
+        stage.commit()
     if not args.quiet:
         print(format_compare(result))
         print(f"results in {out_dir}/")
@@ -151,8 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare(sub)
     _add_sweep(sub)
     capacity.register(sub)
-    from sim import tokens_cli
+    from sim import schema_cli, tokens_cli
 
+    schema_cli.register(sub)
     tokens_cli.register(sub)
     from sim import explain_cli
 
@@ -171,10 +211,45 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    with warnings.catch_warnings():  # restores the usual display when the command returns
-        warnings.showwarning = _one_line_warning
-        return args.func(args)
+    """Run one command; Ctrl-C and a closed pipe end it quietly, for every command.
+
+    Ctrl-C: exit code 130 and one line; loky's worker processes are stopped so no
+    semaphore is leaked, and a result directory in the making is removed
+    (sim.output_dir). A reader that stops early (`servesim explain ... | head`):
+    the rest of the output is dropped and the exit code is 141, as for SIGPIPE.
+    """
+    try:
+        args = build_parser().parse_args(argv)
+        with warnings.catch_warnings():  # restores the usual display when the command returns
+            warnings.showwarning = _one_line_warning
+            code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+        return code
+    except KeyboardInterrupt:
+        _stop_workers()
+        lead = "\n" if sys.stderr.isatty() else ""  # end a progress bar's line first
+        print(f"{lead}interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        _drop_stdout()
+        return 141
+
+
+def _stop_workers() -> None:
+    """Shut joblib's reusable loky pool down, if one was started, so it frees its semaphores."""
+    loky = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(loky, "_executor", None)
+    if executor is not None:
+        executor.shutdown(wait=True, kill_workers=True)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (captured in tests): nothing to flush
+        pass
 
 
 if __name__ == "__main__":

@@ -17,17 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.scenario import (
     DEFAULT_WORKLOAD,
+    NAME_PATTERN,
     Scenario,
     ScenarioError,
     apply_overrides,
-    load_scenario,
+    read_scenario_raw,
     validate_scenario,
 )
+from sim.scenario_input import read_yaml
 from sim.sweep import SweepError, Task, override
 
 SUSTAIN_RATIO = 0.9  # achieved >= 90% of the offered rate = sustained
@@ -74,6 +75,10 @@ class CompareSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> CompareSpec:
+        if self.name is not None and not NAME_PATTERN.fullmatch(self.name):
+            raise ValueError(f"name {self.name!r} must be a plain directory name (it names "
+                             "results/compare_<name>/): up to 100 letters, digits, '.', '_' "
+                             "or '-', not starting with '.'")
         if (self.base is None) == (self.scenario is None):
             raise ValueError("give exactly one of 'base' (a scenario file) or 'scenario'")
         names = [v.name for v in self.variants]
@@ -118,13 +123,18 @@ def load_spec(path: str | Path) -> Base:
     """Read and validate a compare spec and its base; every problem is a SweepError."""
     path = Path(path)
     try:
-        raw_spec = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SweepError(f"{path}: no such compare file") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise SweepError(f"{path}: cannot read: {getattr(err, 'problem', None) or err}") from None
+        raw_spec = read_yaml(path, "compare")
+    except ScenarioError as err:
+        raise SweepError(str(err)) from None
     if not isinstance(raw_spec, dict):
-        raise SweepError(f"{path}: a compare spec must be a mapping")
+        got = "an empty file" if raw_spec is None else type(raw_spec).__name__
+        raise SweepError(f"{path}: a compare spec must be a mapping of base (or scenario), "
+                         f"variants and rates, got {got}")
+    if "variants" not in raw_spec and set(raw_spec) <= set(Scenario.model_fields):
+        raise SweepError(f"{path}: this is a scenario (it has no variants), not a compare "
+                         f"spec; run it with `servesim run {path}`, or compare variants of it "
+                         "with a spec of `base:`, `variants:` and `rates:` (see "
+                         "scenarios/batching_policies.yaml)")
     try:
         spec = CompareSpec.model_validate(raw_spec)
     except ValidationError as err:
@@ -133,16 +143,15 @@ def load_spec(path: str | Path) -> Base:
     try:
         if spec.base is not None:
             base_path = spec_dir / spec.base
-            scenario, base_dir = load_scenario(base_path)  # checks the file and its fields
-            raw, source = yaml.safe_load(base_path.read_text()), str(base_path)
+            raw, source = read_scenario_raw(base_path), str(base_path)
+            base_dir = base_path.resolve().parent
         else:
             raw, base_dir = copy.deepcopy(spec.scenario or {}), spec_dir
             source = f"{path}: scenario"
-            raw.setdefault("workload", copy.deepcopy(DEFAULT_WORKLOAD))
-            scenario = _validate(raw, [], source)
         raw.setdefault("workload", copy.deepcopy(DEFAULT_WORKLOAD))
         if isinstance(raw["workload"].get("trace"), str):  # `trace: FILE`: time_scale goes in
             raw["workload"]["trace"] = {"path": raw["workload"]["trace"]}
+        scenario = _validate(raw, [], source)
         # a trace without arrival times runs at workload.arrivals: its rate is what varies
         timed_trace = scenario.workload.trace is not None and scenario.workload.arrivals is None
         trace_rate = _trace_rate(raw, base_dir, source) if timed_trace else None

@@ -10,6 +10,7 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,7 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     g.add_argument("--seed", type=int, default=0, help="weights and sampling seed")
-    g.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    g.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where the model runs: auto (default) = cuda if torch sees a GPU, "
+                        "else cpu")
     g.add_argument("--stop-at-eos", action="store_true",
                    help="end the stream at the tokenizer's end-of-sequence token")
     g.set_defaults(func=_generate)
@@ -42,7 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--virtual-clock", action="store_true",
                    help="advance time by the scenario's latency model instead of the wall "
                         "clock (arrivals are not waited for)")
-    r.add_argument("--out", help="output directory (default: results/<name>_engine)")
+    r.add_argument("--out", help="output directory (default: results/<name>_engine, or "
+                                 "results/<name>_engine_virtual with --virtual-clock; plus the "
+                                 "--set overrides and --device, if any)")
     r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     r.add_argument("--quiet", action="store_true", help="no progress bar, no table")
     r.set_defaults(func=_replay)
@@ -80,34 +85,60 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def replay_dir(name: str, overrides: list[str], device: str | None, virtual_clock: bool
+               ) -> Path:
+    """The default results directory: one per clock, device and set of overrides, so a
+    virtual-clock replay never replaces a wall-clock one (or a CUDA one a CPU one)."""
+    from sim.output_dir import variant_dir
+
+    knobs = [*overrides, *([f"engine.device={device}"] if device else [])]
+    return variant_dir(name, knobs, "_engine_virtual" if virtual_clock else "_engine")
+
+
 def _replay(args: argparse.Namespace) -> int:
-    if not _engine_modules():
-        return 2
-    from gpu_engine.replay import replay_scenario
-    from sim.metrics import format_summary
-    from sim.run import build_latency
+    from sim.cli import out_dir_of
+    from sim.output_dir import OutputDirError, Staging
     from sim.scenario import ScenarioError, load_scenario
 
     try:
         scenario, base_dir = load_scenario(args.scenario, args.overrides)
-        latency = build_latency(scenario) if args.virtual_clock else None
-        run = replay_scenario(scenario, base_dir, show_progress=not args.quiet,
-                              latency=latency, device=args.device)
-    except (ScenarioError, ValueError, FileNotFoundError) as err:
-        print(f"error: {args.scenario}: {err}", file=sys.stderr)
+        out_dir, field = out_dir_of(args.out, None, replay_dir(
+            scenario.name, args.overrides, args.device, args.virtual_clock))
+        stage = Staging(out_dir, field)  # before torch loads and the engine runs
+    except (ScenarioError, OutputDirError) as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
-    out_dir = Path(args.out or Path("results") / f"{scenario.name}_engine")
-    run.write_outputs(out_dir, plots=scenario.output.plots and not args.no_plots)
+    with stage:
+        if not _engine_modules():
+            return 2
+        from gpu_engine.replay import replay_scenario
+        from sim.run import build_latency
+
+        try:
+            latency = build_latency(scenario) if args.virtual_clock else None
+            run = replay_scenario(scenario, base_dir, show_progress=not args.quiet,
+                                  latency=latency, device=args.device)
+        except (ValueError, FileNotFoundError) as err:
+            print(f"error: {args.scenario}: {err}", file=sys.stderr)
+            return 2
+        run.write_outputs(stage.path, plots=scenario.output.plots and not args.no_plots)
+        stage.commit()
     if not args.quiet:
-        result = run.result
-        steps = run.steps
-        device_ms = sum(s.device_s for s in steps) * 1e3
-        wall_ms = sum(s.wall_s for s in steps) * 1e3
-        print(f"scenario {scenario.name}: {scenario.model_spec.name} on {result.latency_name}, "
-              f"{scenario.scheduler.policy} batching, {result.num_blocks} KV blocks of "
-              f"{scenario.kv.block_size} tokens")
-        print(format_summary(result.summary))
-        share = device_ms / wall_ms if wall_ms > 0 else math.nan
-        print(f"{len(steps)} steps: kernels {device_ms:.0f} ms of {wall_ms:.0f} ms step wall "
-              f"time ({share:.0%}); served in {result.wall_s:.2f} s; results in {out_dir}/")
+        _print_replay(run, out_dir)
     return 0
+
+
+def _print_replay(run: Any, out_dir: Path) -> None:
+    from sim.metrics import format_summary
+
+    result, steps = run.result, run.steps
+    scenario = result.scenario
+    device_ms = sum(s.device_s for s in steps) * 1e3
+    wall_ms = sum(s.wall_s for s in steps) * 1e3
+    print(f"scenario {scenario.name}: {scenario.model_spec.name} on {result.latency_name}, "
+          f"{scenario.scheduler.policy} batching, {result.num_blocks} KV blocks of "
+          f"{scenario.kv.block_size} tokens")
+    print(format_summary(result.summary))
+    share = device_ms / wall_ms if wall_ms > 0 else math.nan
+    print(f"{len(steps)} steps: kernels {device_ms:.0f} ms of {wall_ms:.0f} ms step wall "
+          f"time ({share:.0%}); served in {result.wall_s:.2f} s; results in {out_dir}/")

@@ -27,6 +27,18 @@ def _positive(name: str, value: int) -> int:
     return value
 
 
+def check_png_path(path: Path) -> None:
+    """A picture's path must be a file name in a directory that can be written or made."""
+    from sim.output_dir import OutputDirError, check_output_dir
+
+    if path.is_dir():
+        raise UsageError(f"--out {str(path)!r}: is a directory; give a PNG file name")
+    try:
+        check_output_dir(path.parent, f"--out {str(path)!r}: its directory")
+    except OutputDirError as err:
+        raise UsageError(str(err)) from None
+
+
 def load_run(run_dir: str | Path) -> tuple[pd.DataFrame, str]:
     """requests.csv of a finished run and its scheduling policy (from summary.json)."""
     run_dir = Path(run_dir)
@@ -69,6 +81,7 @@ def _plot_timeline(args: argparse.Namespace) -> int:
                                  f"{args.requests!r}") from None
         frame = read_timeline(run_dir / "timeline.csv")
         out = Path(args.out) if args.out else run_dir / "timeline.png"
+        check_png_path(out)
         path = plot_request_timeline(frame, out, requests)
     except (UsageError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -92,13 +105,14 @@ def _plot_slots(args: argparse.Namespace) -> int:
         scenario, base_dir = load_scenario(args.scenario, args.overrides)
         if args.mean_output < 0:
             raise UsageError(f"--mean-output: must be >= 0 tokens, got {args.mean_output}")
+        out = Path(args.out or Path("results") / scenario.name / "slots.png")
+        check_png_path(out)
         recorders = {p: record_slots(scenario, p, args.slots, args.requests, args.steps,
                                      args.arrivals == "burst", args.mean_output, base_dir)
                      for p in policies}
     except (UsageError, ScenarioError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    out = Path(args.out or Path("results") / scenario.name / "slots.png")
     path = plot_slot_timelines(recorders, out, args.slots, args.x)
     print(f"batch slots of {', '.join(policies)} in {path}")
     return 0

@@ -379,12 +379,18 @@ class RunRecorder:
                       ) -> list[Path]:
         """Write summary.json, requests.csv, timeseries.csv and (optionally) PNGs; return paths.
 
-        Plots come after the CSVs; the series is at most 2048 buckets, so they stay fast.
+        summary.json gains a `provenance` block (servesim version, git commit, schema
+        version). Plots come after the CSVs; the series is at most 2048 buckets, so they
+        stay fast. The CLI writes into a staging directory that replaces the old run
+        whole (sim.output_dir), so files here need no atomic renames of their own.
         """
+        from sim.provenance import provenance  # lazy: it reads the scenario schema's version
+
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         summary_path = out_dir / "summary.json"
-        summary_path.write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n")
+        stamped = {**summary, "provenance": provenance()}
+        summary_path.write_text(json.dumps(jsonable(stamped), indent=2, allow_nan=False) + "\n")
         requests_df, series_df = self.requests_frame(), self.steps_frame()
         requests_path, series_path = out_dir / "requests.csv", out_dir / "timeseries.csv"
         requests_df.to_csv(requests_path, index=False)

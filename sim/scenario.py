@@ -1,7 +1,8 @@
-"""Scenario files: a validated YAML schema, its loader and its error messages.
+"""Scenario files: a validated YAML schema and its loader (error text: sim.scenario_input).
 
 The schema's defaults are themselves a sensible scenario (Llama-3-8B on one
 H100 under moderate Poisson load), so `servesim run` with no file runs it.
+Every field carries a description: `servesim schema` prints them.
 """
 
 from __future__ import annotations
@@ -10,9 +11,8 @@ import copy
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from sim.core.schedulers import POLICIES
+from sim.scenario_input import ScenarioError, check_plain, format_errors, parse_yaml, read_yaml
 from sim.specs import (
     HardwareSpec,
     ModelSpec,
@@ -34,10 +35,23 @@ from sim.specs import (
 )
 from sim.workload import WorkloadConfig
 
+__all__ = ["DEFAULT_WORKLOAD", "SCHEMA_VERSION", "Scenario", "ScenarioError", "apply_overrides",
+           "load_scenario", "read_scenario_raw", "validate_scenario"]
 
-class ScenarioError(Exception):
-    """A user mistake in a scenario: printed as is, never as a traceback."""
-
+# Recorded in every summary.json; bumped when a field is renamed or removed or changes meaning.
+SCHEMA_VERSION = 1
+# The simulator runs a few thousand requests per second on a laptop core and keeps
+# ~100 bytes per request (plus a requests.csv row): 10 million is about an hour and
+# a gigabyte. Beyond that a run is a mistake (a 30-digit count ran 10 minutes and
+# wrote nothing); a steady-state estimate needs far fewer.
+MAX_REQUESTS = 10_000_000
+# The paged pool keeps a few Python lists of num_blocks entries (~60 bytes a block):
+# 10 million blocks is ~600 MB of host memory, far above any GPU's pool (3 million
+# 16-token blocks already hold 48M tokens: an "unbounded" pool).
+MAX_BLOCKS = 10_000_000
+# Each replica holds its own pool and scheduler; a fleet above this is a typo.
+MAX_REPLICAS = 1024
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
 
 # Azure-2023-conversation-like lengths at a moderate rate: the quickstart.
 DEFAULT_WORKLOAD: dict[str, Any] = {
@@ -50,7 +64,8 @@ DEFAULT_WORKLOAD: dict[str, Any] = {
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf passes ge/le checks but means nothing in a scenario (and breaks int() later)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def resolve_model(value: str | Mapping[str, Any]) -> ModelSpec:
@@ -62,9 +77,15 @@ def resolve_hardware(value: str | Mapping[str, Any]) -> HardwareSpec:
 
 
 class HardwareConfig(_Strict):
-    gpu: str | dict[str, Any] = "h100-sxm"
+    """The GPUs of one replica."""
+
+    gpu: str | dict[str, Any] = Field(
+        "h100-sxm", description="catalogue name (`servesim capacity --help` lists them), or a "
+        "mapping of HardwareSpec fields, e.g. {base: h100-sxm, memory_gib: 94}")
     count: int = Field(1, ge=1, description="GPUs per replica, used for tensor parallelism")
-    memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    memory_utilization: float = Field(
+        0.9, gt=0.0, le=1.0, description="share of GPU memory the server may use "
+        "(vLLM's gpu_memory_utilization)")
 
     @field_validator("gpu")
     @classmethod
@@ -77,11 +98,20 @@ class SchedulerConfig(_Strict):
     """continuous reads max_num_seqs..chunked_prefill; static and dynamic read batch_size
     and max_wait_ms; all read max_model_len and max_output_tokens."""
 
-    policy: Literal["continuous", "static", "dynamic"] = "continuous"
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1)
-    chunked_prefill: bool = True
-    max_model_len: int | None = Field(None, ge=2, description="default: the model's context")
+    policy: Literal["continuous", "static", "dynamic"] = Field(
+        "continuous", description="continuous: iteration-level (Orca/vLLM); static: fixed "
+        "batches of batch_size run to their longest member; dynamic: static that also "
+        "launches after max_wait_ms")
+    max_num_seqs: int = Field(256, ge=1, description="continuous: most sequences in one step")
+    max_num_batched_tokens: int = Field(
+        8192, ge=1, description="continuous: token budget of one step (prefill chunks + "
+        "decodes)")
+    chunked_prefill: bool = Field(
+        True, description="continuous: split long prompts across steps to share them with "
+        "decodes")
+    max_model_len: int | None = Field(
+        None, ge=2, description="longest prompt + output; longer requests are rejected "
+        "(default: the model's context)")
     batch_size: int = Field(16, ge=1, description="static/dynamic: requests per batch (B)")
     max_wait_ms: float | None = Field(
         None, gt=0.0, description="dynamic: launch a short batch when the oldest waited this "
@@ -103,12 +133,18 @@ class SchedulerConfig(_Strict):
 
 
 class KVConfig(_Strict):
+    """The KV cache pool of one replica."""
+
     mode: Literal["paged", "contiguous"] | None = Field(
         None, description="default: paged for continuous, contiguous for static and dynamic")
-    block_size: int = Field(16, ge=1)
-    dtype_bytes: float = Field(2.0, gt=0.0)
-    watermark: float = Field(0.01, ge=0.0, lt=1.0)
-    num_blocks: int | None = Field(None, ge=2, description="override the derived pool size")
+    block_size: int = Field(16, ge=1, description="tokens per KV block")
+    dtype_bytes: float = Field(2.0, gt=0.0, description="bytes per KV value (2 = bf16/fp16, "
+                               "1 = fp8); also the weights' bytes per parameter")
+    watermark: float = Field(0.01, ge=0.0, lt=1.0, description="share of blocks kept free "
+                             "when admitting, to avoid instant preemption")
+    num_blocks: int | None = Field(
+        None, ge=2, le=MAX_BLOCKS, description="override the pool size derived from the "
+        "memory left after weights and activations (counts the null block)")
     prefix_caching: bool = Field(
         False, description="paged only: reuse the KV of cached prompt prefixes (by token ids "
         "or a trace's prefix ids)")
@@ -120,12 +156,18 @@ class LatencyConfig(_Strict):
     """roofline: from the model and GPU specs (the knobs below tune it); table: a fitted
     calibration table directory (`servesim calibrate fit`), `path` relative to the scenario."""
 
-    model: Literal["roofline", "table"] = "roofline"
+    model: Literal["roofline", "table"] = Field(
+        "roofline", description="roofline: step time from FLOPs and bytes, needs no "
+        "calibration; table: a fitted calibration table")
     path: str | None = Field(None, min_length=1, description="table: the calibration table "
                              "directory, relative to the scenario file")
-    step_overhead_ms: float | None = Field(None, ge=0.0)
-    compute_efficiency: float | None = Field(None, gt=0.0, le=1.0)
-    bandwidth_efficiency: float | None = Field(None, gt=0.0, le=1.0)
+    step_overhead_ms: float | None = Field(
+        None, ge=0.0, description="roofline: fixed cost per step (default 2 ms)")
+    compute_efficiency: float | None = Field(
+        None, gt=0.0, le=1.0, description="roofline: share of peak FLOP/s reached (default 0.6)")
+    bandwidth_efficiency: float | None = Field(
+        None, gt=0.0, le=1.0, description="roofline: share of memory bandwidth reached "
+        "(default 0.8)")
 
     def problem(self) -> str | None:
         """A 'latency.<field>: why' message when the options do not suit `model`."""
@@ -145,14 +187,20 @@ class LatencyConfig(_Strict):
 
 
 class SLOConfig(_Strict):
-    ttft_ms: float | None = Field(None, gt=0.0)
-    tpot_ms: float | None = Field(None, gt=0.0)
-    e2el_ms: float | None = Field(None, gt=0.0)
+    """Service-level objectives: a request meets them only if it meets every bound given."""
+
+    ttft_ms: float | None = Field(None, gt=0.0, description="time to first token bound")
+    tpot_ms: float | None = Field(None, gt=0.0, description="time per output token bound "
+                                  "(after the first)")
+    e2el_ms: float | None = Field(None, gt=0.0, description="end-to-end latency bound")
 
 
 class OutputConfig(_Strict):
-    dir: str | None = Field(None, description="default: results/<name>")
-    plots: bool = True
+    """Where `servesim run` writes its files."""
+
+    dir: str | None = Field(None, description="default: results/<name> (plus the --set "
+                            "overrides, if any); `--out DIR` overrides")
+    plots: bool = Field(True, description="write PNG plots; `--no-plots` skips them")
 
 
 class SamplingConfig(_Strict):
@@ -172,24 +220,29 @@ class EngineConfig(_Strict):
     weights: str | None = Field(
         None, description="a local Hugging Face directory (config.json + safetensors); "
         "null = random weights of the model's real shapes")
-    seed: int | None = Field(None, description="weights and synthetic prompts; null = seed")
+    seed: int | None = Field(None, ge=0, description="weights and synthetic prompts; "
+                             "null = the scenario's seed")
     cuda_graphs: bool = Field(True, description="capture decode steps in CUDA graphs")
     cpu_threads: int | None = Field(
         None, ge=1, description="torch's intra-op threads on the CPU; null = torch's default. "
         "1 keeps a small model's steps steady when other work shares the cores")
-    warmup: bool = True
-    sampling: SamplingConfig = SamplingConfig()
+    warmup: bool = Field(True, description="run a few steps before the first arrival")
+    sampling: SamplingConfig = Field(SamplingConfig(), description="the engine's sampler")
 
 
 class FixedAlphaConfig(_Strict):
-    dist: Literal["fixed"] = "fixed"
+    """Every request accepts each draft token with the same probability."""
+
+    dist: Literal["fixed"] = Field("fixed", description="one alpha for every request")
     alpha: float = Field(0.7, ge=0.0, le=1.0, description="per-token acceptance probability")
 
 
 class UniformAlphaConfig(_Strict):
-    dist: Literal["uniform"]
-    low: float = Field(ge=0.0, le=1.0)
-    high: float = Field(ge=0.0, le=1.0)
+    """Each request draws its acceptance probability uniformly from [low, high]."""
+
+    dist: Literal["uniform"] = Field(description="alpha ~ Uniform(low, high) per request")
+    low: float = Field(ge=0.0, le=1.0, description="lowest alpha")
+    high: float = Field(ge=0.0, le=1.0, description="highest alpha")
 
     @model_validator(mode="after")
     def _ordered(self) -> UniformAlphaConfig:
@@ -199,9 +252,12 @@ class UniformAlphaConfig(_Strict):
 
 
 class BetaAlphaConfig(_Strict):
-    dist: Literal["beta"]
-    mean: float = Field(gt=0.0, lt=1.0)
-    std: float = Field(gt=0.0)
+    """Each request draws its acceptance probability from a Beta of this mean and std."""
+
+    dist: Literal["beta"] = Field(description="alpha ~ Beta per request")
+    mean: float = Field(gt=0.0, lt=1.0, description="mean alpha")
+    std: float = Field(gt=0.0, description="standard deviation of alpha "
+                       "(< sqrt(mean (1 - mean)))")
 
     @model_validator(mode="after")
     def _feasible(self) -> BetaAlphaConfig:
@@ -222,12 +278,16 @@ class SpeculativeConfig(_Strict):
     """
 
     num_tokens: int = Field(0, ge=0, le=64, description="k draft tokens per step; 0 = off")
-    draft: str | dict[str, Any] = "ngram"
+    draft: str | dict[str, Any] = Field(
+        "ngram", description="ngram (prompt lookup), or a draft model: a catalogue name or a "
+        "mapping of model fields; it must share the target's vocabulary")
     draft_overhead_ms: float | None = Field(
         None, ge=0.0, description="model draft: fixed cost of each draft pass (default 0.1); "
         "ngram: CPU cost per step (default 0)")
     acceptance: Annotated[FixedAlphaConfig | UniformAlphaConfig | BetaAlphaConfig,
-                          Field(discriminator="dist")] = FixedAlphaConfig()
+                          Field(discriminator="dist")] = Field(
+        FixedAlphaConfig(), description="per-token acceptance probability alpha: fixed, "
+        "or drawn per request (uniform, beta)")
 
     @field_validator("acceptance", mode="before")
     @classmethod
@@ -254,30 +314,53 @@ class RouterConfig(_Strict):
     """How a fleet (replicas > 1) spreads arrivals; see sim.router for each policy."""
 
     policy: Literal["round_robin", "least_outstanding", "least_kv", "power_of_two",
-                    "prefix_aware"] = "round_robin"
+                    "prefix_aware"] = Field(
+        "round_robin", description="round_robin, least_outstanding (fewest requests in "
+        "flight), least_kv (most free KV), power_of_two (the less loaded of two random), "
+        "prefix_aware (where the prompt's prefix is cached, within load_limit)")
     load_limit: float = Field(
-        1.5, ge=1.0, allow_inf_nan=False,
-        description="prefix_aware: only replicas with outstanding requests <= load_limit x "
-        "the fleet mean + 1 are candidates (>= 1 keeps the least-loaded one eligible)")
+        1.5, ge=1.0, description="prefix_aware: only replicas with outstanding requests <= "
+        "load_limit x the fleet mean + 1 are candidates (>= 1 keeps the least-loaded one "
+        "eligible)")
 
 
 class Scenario(_Strict):
-    name: str = "quickstart"
-    description: str = ""
-    seed: int = 0
-    model: str | dict[str, Any] = "llama-3-8b"
-    hardware: HardwareConfig = HardwareConfig()
-    scheduler: SchedulerConfig = SchedulerConfig()
-    kv: KVConfig = KVConfig()
-    latency: LatencyConfig = LatencyConfig()
+    """One simulated deployment: model, GPUs, scheduler, KV pool, latency model, workload."""
+
+    name: str = Field("quickstart", description="names results/<name>/: letters, digits, "
+                      ". _ -, not starting with '.' (default in a file: the file's name)")
+    description: str = Field("", description="free text, for people")
+    seed: int = Field(0, ge=0, description="same file + same seed = the same run, request for "
+                      "request")
+    model: str | dict[str, Any] = Field(
+        "llama-3-8b", description="catalogue name (`servesim capacity --help`), or a mapping "
+        "of ModelSpec fields, e.g. {base: llama-3-8b, num_layers: 40}")
+    hardware: HardwareConfig = Field(HardwareConfig(), description="the GPUs of one replica")
+    scheduler: SchedulerConfig = Field(SchedulerConfig(), description="batching policy and "
+                                       "its limits")
+    kv: KVConfig = Field(KVConfig(), description="the KV cache pool")
+    latency: LatencyConfig = Field(LatencyConfig(), description="how long a step takes")
     workload: WorkloadConfig = Field(
-        default_factory=lambda: WorkloadConfig.model_validate(DEFAULT_WORKLOAD))
-    slo: SLOConfig | None = None
-    output: OutputConfig = OutputConfig()
-    replicas: int = Field(1, ge=1, description="identical replicas, each of hardware.count GPUs")
-    router: RouterConfig = RouterConfig()
-    engine: EngineConfig = EngineConfig()
-    speculative: SpeculativeConfig = SpeculativeConfig()
+        default_factory=lambda: WorkloadConfig.model_validate(DEFAULT_WORKLOAD),
+        description="the requests: synthetic arrivals and lengths, or a trace (default: "
+        "Poisson 8 req/s, Azure-conversation-like lognormal lengths, 1000 requests)")
+    slo: SLOConfig | None = Field(None, description="latency bounds; adds goodput and SLO "
+                                  "attainment to the report")
+    output: OutputConfig = Field(OutputConfig(), description="where results go")
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS,
+                          description="identical replicas, each of hardware.count GPUs")
+    router: RouterConfig = Field(RouterConfig(), description="how a fleet spreads arrivals")
+    engine: EngineConfig = Field(EngineConfig(), description="`servesim engine replay` only")
+    speculative: SpeculativeConfig = Field(SpeculativeConfig(),
+                                           description="speculative decoding")
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if not NAME_PATTERN.fullmatch(value):
+            raise ValueError("must be a plain directory name (it names results/<name>/): up "
+                             "to 100 letters, digits, '.', '_' or '-', not starting with '.'")
+        return value
 
     @field_validator("model")
     @classmethod
@@ -309,6 +392,27 @@ class Scenario(_Strict):
             raise ValueError(f"scheduler.max_model_len: {limit} exceeds {model.name}'s maximum "
                              f"context of {model.max_context_tokens} tokens (set at most that, "
                              "or a model with a longer context, e.g. llama-3.1-8b)")
+        longest = limit or model.max_context_tokens
+        if self.kv.block_size > longest:
+            raise ValueError(f"kv.block_size: {self.kv.block_size} tokens per block exceeds the "
+                             f"longest sequence, {longest} tokens (scheduler.max_model_len or "
+                             f"{model.name}'s context); use at most that (16 is usual)")
+        return self
+
+    @model_validator(mode="after")
+    def _work_is_bounded(self) -> Scenario:
+        workload = self.workload
+        count = workload.num_requests
+        if count is not None and count > MAX_REQUESTS:
+            raise ValueError(f"workload.num_requests: {count} is more than servesim simulates "
+                             f"in one run (at most {MAX_REQUESTS:,}: about an hour and a GB)")
+        rate = getattr(workload.arrivals, "rate", None)
+        if count is None and workload.duration_s is not None and rate is not None \
+                and workload.trace is None and rate * workload.duration_s > MAX_REQUESTS:
+            raise ValueError(f"workload.duration_s: {workload.duration_s:g} s at {rate:g} req/s "
+                             f"is about {rate * workload.duration_s:.3g} requests, more than "
+                             f"servesim simulates in one run (at most {MAX_REQUESTS:,}); "
+                             "shorten it or set num_requests")
         return self
 
     @model_validator(mode="after")
@@ -368,32 +472,42 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
             if not isinstance(child, dict):
                 raise ScenarioError(f"--set {item!r}: {part!r} is {child!r}, not a section")
             node = child
-        try:
-            node[leaf] = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise ScenarioError(f"--set {item!r}: value is not valid YAML: "
-                                f"{_yaml_problem(err)}") from None
+        shown = item if len(item) <= 60 else item[:57] + "..."
+        # checked with the whole scenario (validate_scenario), which names the field
+        node[leaf] = parse_yaml(text, f"--set {shown!r}: value", check=False)
+    return raw
+
+
+def read_scenario_raw(path: Path) -> dict[str, Any]:
+    """A scenario file's mapping, before validation; named after the file unless it says.
+
+    An empty file is an error rather than the quickstart (which would overwrite
+    results/quickstart/), and a compare spec is pointed at `servesim compare`.
+    """
+    raw = read_yaml(path, "scenario")
+    if raw is None or raw == {}:
+        raise ScenarioError(f"{path}: the scenario file is empty; give at least one field "
+                            "(`servesim schema` lists them), or run `servesim run` with no "
+                            "file for the built-in quickstart")
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{path}: a scenario must be a mapping of fields, "
+                            f"got {type(raw).__name__}")
+    if "variants" in raw:
+        raise ScenarioError(f"{path}: this is a compare spec (it has variants), not a "
+                            f"scenario; run it with `servesim compare {path}`")
+    if "name" not in raw:
+        raw["name"] = re.sub(r"[^A-Za-z0-9._-]", "_", path.stem).lstrip(".")[:100] or "scenario"
     return raw
 
 
 def load_scenario(path: str | Path | None, overrides: Sequence[str] = ()) -> tuple[Scenario, Path]:
     """Read, override and validate a scenario; returns it and its base folder."""
     if path is None:
-        raw: Any = {}
+        raw: dict[str, Any] = {}
         base_dir = Path.cwd()
     else:
         path = Path(path)
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except FileNotFoundError:
-            raise ScenarioError(f"{path}: no such scenario file") from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise ScenarioError(f"{path}: cannot read: {getattr(err, 'strerror', err)}") from None
-        except yaml.YAMLError as err:
-            raise ScenarioError(f"{path}: not valid YAML: {_yaml_problem(err)}") from None
-        if not isinstance(raw, dict):
-            raise ScenarioError(f"{path}: a scenario must be a mapping of fields, "
-                                f"got {type(raw).__name__}")
+        raw = read_scenario_raw(path)
         base_dir = path.resolve().parent
     if "workload" not in raw:
         # an omitted workload means the default one; `--set workload.x=...` edits it
@@ -404,134 +518,13 @@ def load_scenario(path: str | Path | None, overrides: Sequence[str] = ()) -> tup
 
 def validate_scenario(raw: dict[str, Any], source: str) -> Scenario:
     """Validate a raw mapping; every problem becomes one ScenarioError naming `source`."""
+    check_plain(raw, source)
     try:
         scenario = Scenario.model_validate(raw)
     except ValidationError as err:
-        raise ScenarioError(format_errors(err, source)) from None
+        raise ScenarioError(format_errors(err, source, Scenario)) from None
     try:
         check_tp(scenario.model_spec, scenario.hardware.count)
     except ValueError as err:
         raise ScenarioError(f"{source}: hardware.count: {err}") from None
     return scenario
-
-
-def _yaml_problem(err: yaml.YAMLError) -> str:
-    """PyYAML's multi-line report squeezed to 'what, at line L, column C'."""
-    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-    mark = getattr(err, "problem_mark", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return f"{problem}{where}"
-
-
-def format_errors(err: ValidationError, source: str) -> str:
-    """One line per problem: field path, what is wrong, the value given.
-
-    Pydantic's raw report names union members in locations, adds URLs and
-    prefixes; a user wants the YAML path they typed and the allowed values.
-    """
-    problems: dict[str, tuple[list[str], str]] = {}  # path -> messages, value shown
-    for problem in err.errors(include_url=False):
-        path, message, shown = _describe(problem)
-        messages, _ = problems.setdefault(path, ([], shown))
-        if message not in messages:
-            messages.append(message)
-    lines = [f"{path}: {_join(messages)}{shown}" for path, (messages, shown) in problems.items()]
-    if len(lines) == 1:
-        return f"{source}: {lines[0]}"
-    return "\n".join([f"{source}: {len(lines)} problems", *(f"  {line}" for line in lines)])
-
-
-def _describe(problem: Mapping[str, Any]) -> tuple[str, str, str]:
-    """(field path, message, ' (got VALUE)' or '') for one pydantic error."""
-    kind, loc, value = problem["type"], tuple(problem["loc"]), problem.get("input")
-    parts, models = _clean_loc(loc)
-    message = _NOISE.sub("", problem["msg"])
-    lead = _FIELD_LEAD.match(message) if not parts else None
-    if lead:  # a cross-section check names the field it is about: report it there
-        parts, message = lead["path"].split("."), lead["rest"]
-    show_value = kind not in ("missing", "extra_forbidden")
-    if kind == "extra_forbidden":
-        _, owners = _clean_loc(loc[:-1])
-        allowed = list(dict.fromkeys(name for m in owners for name in m.model_fields))
-        message = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
-    elif kind in ("union_tag_invalid", "union_tag_not_found"):
-        key = str(problem.get("ctx", {}).get("discriminator", "")).strip("'")
-        tags = [t for m in models for t in _literal_values(m, key)]
-        parts.append(key)
-        if kind == "union_tag_invalid":
-            value = problem["ctx"]["tag"]
-            message = f"unknown value {value!r}"
-        else:
-            message, show_value = "missing", False
-        message += f"; allowed: {', '.join(tags)}" if tags else ""
-    elif isinstance(value, Mapping) and kind.endswith("_error"):
-        show_value = False  # a section-level check: its message names the values
-    shown = ""
-    if show_value and repr(value) not in message:
-        text = repr(value)
-        shown = f" (got {text if len(text) <= 60 else text[:57] + '...'})"
-    return ".".join(parts) or "(top level)", message, shown
-
-
-_NOISE = re.compile(r"^(Value error|Assertion failed), | or (instance of \w+|object to extract "
-                    r"fields from)")
-
-
-_FIELD_LEAD = re.compile(r"^(?P<path>[a-z_]+(?:\.[a-z_]+)+): (?P<rest>.*)$", re.DOTALL)
-
-
-def _join(messages: list[str]) -> str:
-    """'should be a valid string' + 'should be a valid dictionary' -> one 'or' sentence."""
-    lead = "Input should be "
-    if len(messages) > 1 and all(m.startswith(lead) for m in messages):
-        return lead + " or ".join(m.removeprefix(lead) for m in messages)
-    return "; ".join(messages)
-
-
-def _clean_loc(loc: tuple[Any, ...]) -> tuple[list[str], list[type[BaseModel]]]:
-    """The user's field path for a pydantic location, and the model(s) it ends in.
-
-    Walks the schema so union member names ('poisson', 'str', 'function-after[...]')
-    are dropped while real keys, even unknown ones, are kept.
-    """
-    models: list[type[BaseModel]] = [Scenario]
-    parts: list[str] = []
-    for part in loc:
-        if isinstance(part, int):
-            parts.append(str(part))
-            continue
-        owners = [m for m in models if part in m.model_fields]
-        if owners:
-            parts.append(part)
-            models = list(dict.fromkeys(
-                sub for m in owners for sub in _models_in(m.model_fields[part].annotation)))
-        elif any(part in _literal_values(m) for m in models):
-            models = [m for m in models if part in _literal_values(m)]
-        elif not models and _is_union_tag(part):
-            continue
-        else:
-            parts.append(part)
-            models = []
-    return parts, models
-
-
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    """The pydantic models a field can hold, through Optional, unions and Annotated."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [m for arg in get_args(annotation) for m in _models_in(arg)]
-
-
-def _literal_values(model: type[BaseModel], key: str | None = None) -> list[str]:
-    """Values of single-choice Literal fields: the tags of a discriminated union."""
-    values = []
-    for name, field in model.model_fields.items():
-        if (key is None or name == key) and get_origin(field.annotation) is Literal:
-            values.extend(str(v) for v in get_args(field.annotation))
-    return values
-
-
-def _is_union_tag(part: Any) -> bool:
-    """Member names pydantic gives plain-type unions, e.g. 'str', 'dict[str,any]'."""
-    return isinstance(part, str) and (
-        "[" in part or part in ("str", "int", "float", "bool", "none", "list", "dict"))

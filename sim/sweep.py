@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import json
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -119,6 +120,7 @@ def run_task(task: Task) -> dict[str, Any]:
     from sim.metrics import jsonable
     from sim.run import run_scenario
 
+    _thread_lock_for_tqdm()
     try:
         result = run_scenario(task.scenario, task.base_dir, show_progress=False)
     except (ValueError, FileNotFoundError) as err:
@@ -134,6 +136,19 @@ def run_task(task: Task) -> dict[str, Any]:
                arrival_span_s=span_s,
                finish_span_s=float(finish_s.max() - finish_s.min()) if len(finish_s) else 0.0)
     return out
+
+
+def _thread_lock_for_tqdm() -> None:
+    """Give tqdm a thread lock in a worker that has none yet.
+
+    Even a disabled bar takes tqdm's class lock, by default a multiprocessing
+    semaphore; a worker killed on Ctrl-C never unlinks it, and Python warns of
+    "leaked semaphore objects" at exit. A worker draws no bars, so a thread lock does.
+    """
+    from tqdm import tqdm
+
+    if not hasattr(tqdm, "_lock"):
+        tqdm.set_lock(threading.RLock())
 
 
 @dataclass(frozen=True, slots=True)

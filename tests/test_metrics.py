@@ -209,7 +209,9 @@ def test_write_outputs_and_plots(tmp_path: Path) -> None:
     assert {"summary.json", "requests.csv", "timeseries.csv"} <= names
     assert all(p.exists() for p in paths)
     # no step reported kv_slots_held, so the KV waste figures are NaN -> null
-    assert json.loads((tmp_path / "out" / "summary.json").read_text()) == jsonable(summary)
+    written = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert written.pop("provenance")["scenario_schema_version"] >= 1  # what made the run
+    assert written == jsonable(summary)
     assert summary["kv_waste_fraction"] != summary["kv_waste_fraction"]
     pngs = [p for p in paths if p.suffix == ".png"]
     assert len(pngs) == 2

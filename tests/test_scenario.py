@@ -65,9 +65,18 @@ def test_no_file_means_the_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert base_dir == tmp_path
 
 
-def test_empty_file_means_the_defaults(tmp_path: Path) -> None:
-    scenario, _ = load_scenario(write(tmp_path, "# nothing here\n"))
-    assert scenario == Scenario()
+@pytest.mark.parametrize("text", ["# nothing here\n", "", "{}\n"])
+def test_an_empty_file_is_an_error_not_the_quickstart(tmp_path: Path, text: str) -> None:
+    """An empty file once ran the quickstart silently and overwrote results/quickstart/."""
+    message = error_of(tmp_path, text)
+    assert "the scenario file is empty" in message and "servesim run" in message
+
+
+def test_a_file_without_a_name_is_named_after_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "my run.yaml"
+    path.write_text(SYNTHETIC)
+    assert load_scenario(path)[0].name == "my_run"
+    assert load_scenario(write(tmp_path, "name: kept\n" + SYNTHETIC))[0].name == "kept"
 
 
 # -- overrides -------------------------------------------------------------------

@@ -1,0 +1,118 @@
+"""Ctrl-C and closed pipes on the real `servesim` process: exit codes, one line, nothing left.
+
+The interrupt is sent once the run is under way (its staging directory exists), to the
+whole process group as a terminal does, so loky's workers get it too. No test reads the
+clock: the timeouts only stop a hung process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SERVESIM = Path(sys.executable).parent / "servesim"
+LONG = """
+name: long
+workload:
+  arrivals: {process: poisson, rate: 8}
+  prompt_tokens: {dist: fixed, value: 200}
+  output_tokens: {dist: fixed, value: 50}
+  num_requests: 5000000
+"""
+LONG_SPEC = """
+scenario:
+  workload:
+    arrivals: {process: poisson, rate: 8}
+    prompt_tokens: {dist: fixed, value: 200}
+    output_tokens: {dist: fixed, value: 50}
+    num_requests: 5000000
+variants:
+  - {name: a, set: {scheduler.max_num_seqs: 64}}
+  - {name: b, set: {scheduler.max_num_seqs: 128}}
+rates: [4, 8]
+"""
+
+
+def staging(parent: Path) -> list[Path]:
+    return [p for p in parent.iterdir() if p.name.startswith(".servesim-")]
+
+
+def interrupt_when_under_way(argv: list[str], parent: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen([str(SERVESIM), *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        while not staging(parent):  # the output directory was checked; the work begins
+            try:
+                proc.wait(timeout=0.05)  # a poll, not a measurement
+            except subprocess.TimeoutExpired:
+                continue
+            pytest.fail(f"servesim ended before the work began: {proc.communicate()}")
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_ctrl_c_stops_with_130_one_line_and_no_partial_directory(
+        tmp_path: Path, command: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text("old")
+    path = tmp_path / "s.yaml"
+    path.write_text(LONG if command == "run" else LONG_SPEC)
+    extra = ["--jobs", "2"] if command == "compare" else []
+    done = interrupt_when_under_way([command, str(path), "--out", str(out), *extra], tmp_path)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "interrupted"
+    for noise in ("Traceback", "KeyboardInterrupt", "leaked", "Warning"):
+        assert noise not in done.stderr, done.stderr
+    assert staging(tmp_path) == []
+    assert (out / "summary.json").read_text() == "old"
+
+
+def test_a_worker_takes_no_semaphore_for_its_progress_bars() -> None:
+    """A killed worker leaks what it holds: a bar's default multiprocessing lock would be
+    one (Python warns of leaked semaphores at exit after Ctrl-C)."""
+    code = """
+import threading
+from pathlib import Path
+from tqdm import tqdm
+from sim.scenario import validate_scenario
+from sim.sweep import Task, run_task
+scenario = validate_scenario({"workload": {"arrivals": {"process": "poisson", "rate": 4},
+    "prompt_tokens": {"dist": "fixed", "value": 50}, "output_tokens": {"dist": "fixed",
+    "value": 5}, "num_requests": 5}}, "test")
+assert "error" not in run_task(Task(scenario, Path.cwd()))
+print(type(tqdm.get_lock()).__module__)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.strip() != "tqdm.std", "a worker's bars took a multiprocessing lock"
+
+
+@pytest.mark.parametrize("argv", [["capacity", "--model", "llama-3-8b"], ["schema"],
+                                  ["explain", "{run}", "--slowest", "50"]])
+def test_a_reader_that_stops_early_gets_no_broken_pipe_error(
+        tmp_path: Path, argv: list[str]) -> None:
+    """`servesim explain RUN | head`: the pipe's reader has gone before servesim writes."""
+    run_dir = tmp_path / "run"
+    if "{run}" in argv:
+        subprocess.run([str(SERVESIM), "run", "--out", str(run_dir), "--quiet", "--no-plots",
+                        "--set", "workload.num_requests=100"], check=True, timeout=120)
+    read, write = os.pipe()
+    os.close(read)  # no reader: every write fails with EPIPE, deterministically
+    try:
+        done = subprocess.run([str(SERVESIM), *(a.format(run=run_dir) for a in argv)],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+                              check=False)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")
