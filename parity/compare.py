@@ -122,10 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     meta, recorded = load_recorded(args.trace)
     configs = generate_configs()
     if args.only:
-        configs = [c for c in configs if c.name in set(args.only)]
-        if not configs:
-            print(f"--only: no configuration named {args.only[0]!r}", file=sys.stderr)
+        unknown = sorted(set(args.only) - {c.name for c in configs})
+        if unknown:
+            print(f"--only: no configuration named {unknown[0]!r} (names look like "
+                  "'mixed-000', see parity/configs.py FAMILIES)", file=sys.stderr)
             return 2
+        configs = [c for c in configs if c.name in set(args.only)]
 
     kv_cls, sched_cls = vllm_rules.classes(rules)
     results, steps, secs = compare_all(
