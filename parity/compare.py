@@ -1,0 +1,146 @@
+"""Compare servesim with recorded vLLM traces, step for step; print the first differing step.
+
+    python -m parity.compare [--trace FILE] [--path auto|each|batch] [--rules A,B,..]
+                             [--only NAME ...] [--show N]
+
+Exit status 0 when every configuration matches, 1 when some differ, 2 on bad
+input. `--rules` runs servesim with prototypes of vLLM's rules
+(parity/vllm_rules.py) instead of today's sim/core behaviour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from parity.configs import GENERATOR_VERSION, ParityConfig, generate_configs
+from parity.steps import RunResult, StepRecord, run_config
+from parity.trace import read_trace
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_TRACE = HERE / "traces" / "vllm-0.32.0.jsonl.gz"
+_FIELDS = [f.name for f in fields(StepRecord) if f.name != "step"]
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """The first step where two runs differ (`index` counts recorded steps)."""
+
+    name: str
+    index: int
+    fields: tuple[str, ...]
+    vllm: StepRecord | None
+    servesim: StepRecord | None
+    note: str = ""
+
+    def describe(self) -> str:
+        lines = [f"{self.name}: first difference at recorded step {self.index}"
+                 + (f" (step {self.vllm.step if self.vllm else self.servesim.step})"
+                    if self.vllm or self.servesim else "")
+                 + (f": {self.note}" if self.note else "")]
+        for label, rec in (("vllm    ", self.vllm), ("servesim", self.servesim)):
+            if rec is None:
+                lines.append(f"  {label} (no step)")
+                continue
+            shown = ", ".join(f"{f}={getattr(rec, f)}" + (" <<" if f in self.fields else "")
+                              for f in ["step", *_FIELDS])
+            lines.append(f"  {label} {shown}")
+        return "\n".join(lines)
+
+
+def first_difference(vllm: RunResult, servesim: RunResult) -> Mismatch | None:
+    for i, (a, b) in enumerate(zip(vllm.steps, servesim.steps, strict=False)):
+        diff = tuple(f for f in ["step", *_FIELDS] if getattr(a, f) != getattr(b, f))
+        if diff:
+            return Mismatch(vllm.name, i, diff, a, b)
+    n = min(len(vllm.steps), len(servesim.steps))
+    if len(vllm.steps) != len(servesim.steps):
+        a = vllm.steps[n] if n < len(vllm.steps) else None
+        b = servesim.steps[n] if n < len(servesim.steps) else None
+        return Mismatch(vllm.name, n, ("steps",), a, b,
+                        f"{len(vllm.steps)} steps in vLLM, {len(servesim.steps)} in servesim")
+    if vllm.error != servesim.error:
+        return Mismatch(vllm.name, n, ("error",), None, None,
+                        f"vLLM error {vllm.error!r}, servesim error {servesim.error!r}")
+    return None
+
+
+def load_recorded(path: Path) -> tuple[dict, dict[str, RunResult]]:
+    """The trace, refused if this generator would build other configurations."""
+    meta, runs = read_trace(path)
+    if meta.get("generator_version") != GENERATOR_VERSION:
+        raise ValueError(f"{path} was recorded with generator version "
+                         f"{meta.get('generator_version')}, this is {GENERATOR_VERSION}: "
+                         "re-record with parity/record_vllm.py")
+    return meta, runs
+
+
+def compare_all(configs: list[ParityConfig], recorded: dict[str, RunResult], side_factory,
+                ) -> tuple[list[Mismatch | None], int, float]:
+    """(first mismatch per configuration or None, steps compared, seconds in servesim)."""
+    results, steps, t0 = [], 0, time.perf_counter()
+    for config in configs:
+        rec = recorded.get(config.name)
+        if rec is None or rec.digest != config.digest:
+            results.append(Mismatch(config.name, 0, ("digest",), None, None,
+                                    "not recorded for this configuration: re-record"))
+            continue
+        mine = run_config(config, side_factory(config))
+        mismatch = first_difference(rec, mine)
+        steps += len(rec.steps) if mismatch is None else mismatch.index
+        results.append(mismatch)
+    return results, steps, time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from parity import vllm_rules
+    from parity.servesim_side import PATHS, ServesimSide
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    ap.add_argument("--path", default="auto", help=f"one of {', '.join(PATHS)}")
+    ap.add_argument("--rules", default="", help=f"comma-separated of {','.join(vllm_rules.RULES)}"
+                    " or 'all'")
+    ap.add_argument("--only", nargs="+", metavar="NAME")
+    ap.add_argument("--show", type=int, default=5, help="mismatches to print in full")
+    args = ap.parse_args(argv)
+    if args.path not in PATHS:
+        print(f"--path: {args.path!r} is not one of {', '.join(PATHS)}", file=sys.stderr)
+        return 2
+    try:
+        rules = vllm_rules.parse_rules(args.rules)
+    except ValueError as exc:
+        print(f"--rules: {exc}", file=sys.stderr)
+        return 2
+    if not args.trace.exists():
+        print(f"--trace: {args.trace} does not exist; record one with "
+              "parity/record_vllm.py", file=sys.stderr)
+        return 2
+    meta, recorded = load_recorded(args.trace)
+    configs = generate_configs()
+    if args.only:
+        unknown = sorted(set(args.only) - {c.name for c in configs})
+        if unknown:
+            print(f"--only: no configuration named {unknown[0]!r} (names look like "
+                  "'mixed-000', see parity/configs.py FAMILIES)", file=sys.stderr)
+            return 2
+        configs = [c for c in configs if c.name in set(args.only)]
+
+    kv_cls, sched_cls = vllm_rules.classes(rules)
+    results, steps, secs = compare_all(
+        configs, recorded, lambda c: ServesimSide(c, args.path, kv_cls, sched_cls))
+    bad = [m for m in results if m is not None]
+    for m in bad[:args.show]:
+        print(m.describe())
+    print(f"vLLM {meta.get('vllm_version')} vs servesim (path {args.path}, rules "
+          f"{','.join(sorted(rules)) or 'none'}): {len(configs) - len(bad)}/{len(configs)} "
+          f"configurations identical; {steps} steps compared before any difference; "
+          f"{1e3 * secs / max(1, len(configs)):.1f} ms per configuration")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""Record vLLM's own v1 Scheduler on every parity configuration (run with the vLLM venv's python).
+
+    VENV/bin/python -m parity.record_vllm [--out FILE] [--only NAME ...]
+
+The real `vllm.v1.core.sched.scheduler.Scheduler` runs on CPU with no weights
+and no GPU: a ModelConfig on parity/tiny_llama (a config.json only, no
+tokenizer, offline), a KV cache config of N blocks with no tensors, and a
+fabricated ModelRunnerOutput per step that gives one token (parity.configs.
+output_token_id) to each request whose computed tokens reached its known
+tokens. The step loop and the record are parity.steps'; servesim is never
+imported. The output file's metadata names the vLLM version that produced it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from parity.configs import (
+    GENERATOR_VERSION,
+    ParityConfig,
+    RequestSpec,
+    generate_configs,
+    output_token_id,
+)
+from parity.steps import RunResult, Scheduled, run_config
+from parity.trace import write_trace
+
+HERE = Path(__file__).resolve().parent
+MODEL_DIR = HERE / "tiny_llama"
+
+
+def default_out(version: str) -> Path:
+    return HERE / "traces" / f"vllm-{version}.jsonl.gz"
+
+
+class VllmSide:
+    """parity.steps.Side over one vLLM Scheduler built for `config`."""
+
+    def __init__(self, config: ParityConfig, v: _Vllm) -> None:
+        self.v = v
+        model = v.ModelConfig(model=str(MODEL_DIR), skip_tokenizer_init=True,
+                              max_model_len=config.max_model_len, dtype="float32")
+        sched = v.SchedulerConfig(max_num_seqs=config.max_num_seqs,
+                                  max_num_batched_tokens=config.max_num_batched_tokens,
+                                  max_model_len=config.max_model_len, is_encoder_decoder=False,
+                                  enable_chunked_prefill=config.chunked_prefill,
+                                  async_scheduling=False, watermark=config.watermark)
+        cache = v.CacheConfig(block_size=config.block_size,
+                              enable_prefix_caching=config.prefix_caching)
+        cache.num_gpu_blocks = config.num_blocks
+        vllm_config = v.VllmConfig(model_config=model, scheduler_config=sched,
+                                   cache_config=cache, device_config=v.DeviceConfig(device="cpu"))
+        _check_effective(vllm_config, config)
+        spec = v.FullAttentionSpec(block_size=config.block_size, num_kv_heads=2, head_size=16,
+                                   dtype=v.torch.float32)
+        kv_config = v.KVCacheConfig(num_blocks=config.num_blocks, kv_cache_tensors=[],
+                                    kv_cache_groups=[v.KVCacheGroupSpec(["layers.0"], spec)])
+        self.sched = v.Scheduler(vllm_config, kv_config, v.StructuredOutputManager(vllm_config),
+                                 block_size=config.block_size)
+        self.hasher = v.get_request_block_hasher(config.block_size, v.sha256)
+        self.requests: dict[str, object] = {}
+        self._out = None
+
+    def add(self, spec: RequestSpec) -> None:
+        v = self.v
+        params = v.SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True)
+        req = v.Request(str(spec.request_id), list(spec.prompt_token_ids), params, None,
+                        arrival_time=float(spec.arrival_step), block_hasher=self.hasher)
+        self.requests[req.request_id] = req
+        self.sched.add_request(req)
+
+    def schedule(self) -> Scheduled:
+        running = {r.request_id for r in self.sched.running}
+        out = self._out = self.sched.schedule()
+        scheduled = tuple((int(rid), n) for rid, n in out.num_scheduled_tokens.items())
+        admitted = tuple((int(rid), self.requests[rid].num_computed_tokens - n)
+                         for rid, n in out.num_scheduled_tokens.items() if rid not in running)
+        preempted = tuple(int(rid) for rid in out.preempted_req_ids)
+        free = self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        return Scheduled(scheduled, preempted, admitted, free)
+
+    def step_done(self) -> list[int]:
+        out, self._out = self._out, None
+        ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            req = self.requests[rid]
+            # computed was advanced at schedule time: caught up = emits a token
+            emits = req.num_computed_tokens >= req.num_tokens
+            sampled.append([output_token_id(int(rid), len(req.output_token_ids))] if emits
+                           else [])
+        mro = self.v.ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in
+                                                                     enumerate(ids)},
+                                       sampled_token_ids=sampled)
+        results = self.sched.update_from_output(out, mro)
+        return [int(o.request_id) for outs in results.values() for o in outs.outputs
+                if o.finish_reason is not None]
+
+    def has_unfinished(self) -> bool:
+        return self.sched.get_num_unfinished_requests() > 0
+
+
+def _check_effective(vllm_config, config: ParityConfig) -> None:
+    """vLLM may adjust settings in its post-init; a silent change would fake a mismatch."""
+    s, c = vllm_config.scheduler_config, vllm_config.cache_config
+    got = (s.max_num_seqs, s.max_num_batched_tokens, s.enable_chunked_prefill,
+           c.enable_prefix_caching, s.watermark, vllm_config.model_config.max_model_len)
+    want = (config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill,
+            config.prefix_caching, config.watermark, config.max_model_len)
+    if got != want:
+        raise RuntimeError(f"{config.name}: vLLM changed the settings {want} to {got}")
+
+
+class _Vllm:
+    """vLLM's classes, imported once (the import takes seconds)."""
+
+    def __init__(self) -> None:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        # pinned: the V2 runner needs Triton (absent on CPU) and changes no decision here
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        warnings.filterwarnings("ignore", message="Unable to find acceptable character")
+        import torch
+        import vllm
+        from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import Request
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        init_none_hash(sha256)
+        # config sanity warnings (e.g. a budget above max_num_seqs * max_model_len) are noise here
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+        self.torch, self.version = torch, vllm.__version__
+        self.CacheConfig, self.DeviceConfig, self.ModelConfig = CacheConfig, DeviceConfig, \
+            ModelConfig
+        self.SchedulerConfig, self.VllmConfig = SchedulerConfig, VllmConfig
+        self.SamplingParams, self.sha256 = SamplingParams, sha256
+        self.get_request_block_hasher, self.Scheduler = get_request_block_hasher, Scheduler
+        self.FullAttentionSpec, self.KVCacheConfig = FullAttentionSpec, KVCacheConfig
+        self.KVCacheGroupSpec, self.ModelRunnerOutput = KVCacheGroupSpec, ModelRunnerOutput
+        self.Request, self.StructuredOutputManager = Request, StructuredOutputManager
+        defaults = SchedulerConfig.default_factory()
+        self.defaults = {"scheduler_reserve_full_isl": defaults.scheduler_reserve_full_isl,
+                         "watermark": defaults.watermark, "policy": defaults.policy,
+                         "long_prefill_token_threshold": defaults.long_prefill_token_threshold}
+
+
+def record(configs: list[ParityConfig], progress: bool = True) -> tuple[dict, list[RunResult]]:
+    t0 = time.perf_counter()
+    v = _Vllm()
+    import_s = time.perf_counter() - t0
+    runs = []
+    bar = _progress(len(configs), progress)
+    t1 = time.perf_counter()
+    for config in configs:
+        runs.append(run_config(config, VllmSide(config, v)))
+        bar(config.name)
+    run_s = time.perf_counter() - t1
+    steps = sum(len(r.steps) for r in runs)
+    meta = {"scheduler": "vllm", "vllm_version": v.version, "torch_version": v.torch.__version__,
+            "python": platform.python_version(), "generator_version": GENERATOR_VERSION,
+            "num_configs": len(runs), "num_steps": steps, "block_hasher": "sha256",
+            "async_scheduling": False, "vllm_scheduler_defaults": v.defaults}
+    print(f"vLLM {v.version}: import {import_s:.1f} s; {len(runs)} configurations, {steps} "
+          f"steps in {run_s:.1f} s ({1e3 * run_s / max(1, len(runs)):.1f} ms per configuration, "
+          f"{steps / max(run_s, 1e-9):.0f} steps/s); "
+          f"{sum(r.error is not None for r in runs)} with errors", file=sys.stderr)
+    return meta, runs
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return lambda name: None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return lambda name: None
+    bar = tqdm(total=total, unit="config", file=sys.stderr)
+
+    def tick(name: str) -> None:
+        bar.set_postfix_str(name)
+        bar.update()
+        if bar.n == total:
+            bar.close()
+    return tick
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, help="trace file (default parity/traces/vllm-VERSION"
+                    ".jsonl.gz)")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="record these configurations")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    configs = generate_configs()
+    if args.only:
+        known = {c.name for c in configs}
+        unknown = [n for n in args.only if n not in known]
+        if unknown:
+            print(f"--only: unknown configuration {unknown[0]!r}; names look like "
+                  f"'mixed-000' (see parity/configs.py FAMILIES)", file=sys.stderr)
+            return 2
+        configs = [c for c in configs if c.name in args.only]
+    meta, runs = record(configs, progress=not args.no_progress)
+    out = args.out or default_out(meta["vllm_version"])
+    write_trace(out, meta, runs)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""servesim's ContinuousScheduler + PagedBlockManager (sim.core only) behind parity.steps.Side.
+
+`path` picks the scheduler's implementation, since both must make vLLM's
+decisions: "auto" (the default hysteresis), "each" (the per-request path
+only) or "batch" (the array path from the first running request on).
+`kv_cls` and `sched_cls` let parity.vllm_rules swap in prototypes of the
+changes that sim/core needs, without touching it.
+"""
+
+from __future__ import annotations
+
+from parity.configs import ParityConfig, RequestSpec
+from parity.steps import Scheduled
+from sim.core.kv import PagedBlockManager
+from sim.core.plan import StepPlan, StepResult
+from sim.core.request import Request
+from sim.core.schedulers import ContinuousScheduler
+
+PATHS = {"auto": 24, "each": 1 << 30, "batch": 1}  # -> ContinuousScheduler(vectorize_at=)
+
+
+class ServesimSide:
+    def __init__(self, config: ParityConfig, path: str = "auto",
+                 kv_cls: type[PagedBlockManager] = PagedBlockManager,
+                 sched_cls: type[ContinuousScheduler] = ContinuousScheduler) -> None:
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {sorted(PATHS)}, got {path!r}")
+        self.kv = kv_cls(config.num_blocks, config.block_size, watermark=config.watermark,
+                         enable_prefix_cache=config.prefix_caching)
+        self.sched = sched_cls(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
+                               config.chunked_prefill, max_model_len=config.max_model_len,
+                               vectorize_at=PATHS[path])
+        self.requests: dict[int, Request] = {}
+        self._plan: StepPlan | None = None
+        self._now = 0.0  # servesim's continuous policy reads no time; steps count it
+
+    def add(self, spec: RequestSpec) -> None:
+        req = Request(spec.request_id, self._now, len(spec.prompt_token_ids), spec.output_tokens,
+                      prompt_token_ids=spec.prompt_token_ids)
+        if not self.sched.add(req, self._now):
+            raise RuntimeError(f"servesim rejected request {spec.request_id}: "
+                               f"{req.rejection_reason}")
+        self.requests[spec.request_id] = req
+
+    def schedule(self) -> Scheduled:
+        waiting = {r.request_id for r in self.sched.waiting}
+        before = {rid: r.num_preemptions for rid, r in self.requests.items()}
+        plan = self._plan = self.sched.schedule(self._now)
+        # a plan is None when no one runs, which can follow a preemption: count them directly
+        preempted = tuple(rid for rid, r in self.requests.items()
+                          if r.num_preemptions > before[rid])
+        scheduled: tuple[tuple[int, int], ...] = ()
+        admitted: tuple[tuple[int, int], ...] = ()
+        if plan is not None:
+            scheduled = tuple(zip(plan.request_ids, plan.num_new_tokens, strict=True))
+            admitted = tuple((rid, context) for rid, context in
+                             zip(plan.request_ids, plan.context_tokens, strict=True)
+                             if rid in waiting)
+        return Scheduled(scheduled, preempted, admitted, self.kv.num_free_blocks)
+
+    def step_done(self) -> list[int]:
+        plan, self._plan = self._plan, None
+        self._now += 1.0
+        if plan is None:
+            return []
+        finished = self.sched.on_step_done(plan, StepResult(), self._now)
+        for req in finished:
+            del self.requests[req.request_id]
+        return [req.request_id for req in finished]
+
+    def has_unfinished(self) -> bool:
+        return self.sched.has_unfinished()

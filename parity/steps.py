@@ -1,0 +1,112 @@
+"""The clock-free step loop both parity sides run, and the record it keeps of each step.
+
+A side wraps one scheduler (vLLM's or servesim's) behind `Side`. The loop adds
+the requests whose arrival step has come, asks for a step, applies it (every
+request that completed its known tokens emits one token) and records what was
+decided. A step that schedules nothing and preempts no one leaves the state as
+it was, so the loop jumps to the next arrival; with none left that is a
+livelock and the run stops with an error. Both sides therefore number their
+steps identically as long as their decisions agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from parity.configs import ParityConfig, RequestSpec
+
+MAX_STEPS = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What one schedule() decided: decisions, not block ids.
+
+    `scheduled`: (request id, tokens) in the scheduler's order; `admitted`:
+    (request id, prefix-hit tokens) for each request admitted this step (new or
+    resumed); `free_blocks`: free KV blocks right after scheduling (cached but
+    unreferenced blocks count as free, as in both pools).
+    """
+
+    step: int
+    scheduled: tuple[tuple[int, int], ...]
+    preempted: tuple[int, ...]
+    finished: tuple[int, ...]
+    admitted: tuple[tuple[int, int], ...]
+    free_blocks: int
+
+    def to_json(self) -> list:
+        return [self.step, [list(x) for x in self.scheduled], list(self.preempted),
+                list(self.finished), [list(x) for x in self.admitted], self.free_blocks]
+
+    @classmethod
+    def from_json(cls, row: list) -> StepRecord:
+        step, scheduled, preempted, finished, admitted, free = row
+        return cls(step, tuple((a, b) for a, b in scheduled), tuple(preempted),
+                   tuple(finished), tuple((a, b) for a, b in admitted), free)
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    """A side's answer to one schedule() call (see StepRecord for the fields)."""
+
+    scheduled: tuple[tuple[int, int], ...]
+    preempted: tuple[int, ...]
+    admitted: tuple[tuple[int, int], ...]
+    free_blocks: int
+
+
+class Side(Protocol):
+    def add(self, spec: RequestSpec) -> None: ...
+
+    def schedule(self) -> Scheduled: ...
+
+    def step_done(self) -> list[int]:
+        """Apply the last schedule(): one token per request that caught up; finished ids."""
+        ...
+
+    def has_unfinished(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    name: str
+    digest: str
+    steps: tuple[StepRecord, ...]
+    error: str | None = None
+
+
+def run_config(config: ParityConfig, side: Side, max_steps: int = MAX_STEPS) -> RunResult:
+    """Drive `side` through `config`'s arrivals until every request finished."""
+    pending = sorted(config.requests, key=lambda r: (r.arrival_step, r.request_id))
+    records: list[StepRecord] = []
+    step, i = 0, 0
+    error = None
+    try:
+        while True:
+            while i < len(pending) and pending[i].arrival_step <= step:
+                side.add(pending[i])
+                i += 1
+            if not side.has_unfinished():
+                if i == len(pending):
+                    break
+                step = pending[i].arrival_step
+                continue
+            out = side.schedule()
+            finished = side.step_done()
+            records.append(StepRecord(step, out.scheduled, tuple(sorted(out.preempted)),
+                                      tuple(sorted(finished)), out.admitted, out.free_blocks))
+            if not out.scheduled and not out.preempted:
+                if i == len(pending):
+                    error = f"livelock at step {step}: nothing runnable, requests left"
+                    break
+                step = pending[i].arrival_step
+                continue
+            step += 1
+            if len(records) >= max_steps:
+                error = f"no end after {max_steps} steps"
+                break
+    except Exception as exc:  # a side that breaks is a recorded result, not a crash
+        error = f"{type(exc).__name__}: {exc}"
+    return RunResult(config.name, config.digest, tuple(records), error)
