@@ -198,7 +198,7 @@ def notebooks(ctx: Context) -> str:
         nb = nbformat.read(path, as_version=4)
         nb.cells = [c for c in nb.cells if PROVENANCE_TAG not in c.metadata.get("tags", [])]
         started = time.perf_counter()
-        NotebookClient(nb, timeout=900, kernel_name="python3",
+        NotebookClient(nb, timeout=900, kernel_name="python3", record_timing=False,
                        resources={"metadata": {"path": str(path.parent)}}).execute()
         wall_s = time.perf_counter() - started
         note = nbformat.v4.new_markdown_cell(
