@@ -206,6 +206,7 @@ def notebooks(ctx: Context) -> str:
         note = nbformat.v4.new_markdown_cell(
             f"*Outputs above produced by `python benchmarks/regenerate.py --only notebooks` "
             f"on {ctx.stamp}.*")
+        note.id = PROVENANCE_TAG  # a fixed id: a rerun changes the text only
         note.metadata["tags"] = [PROVENANCE_TAG]
         nb.cells.append(note)
         nbformat.write(nb, path)
@@ -285,7 +286,10 @@ def provenance() -> str:
     if commit is None:
         where = "no git checkout"
     else:
-        dirty = _git("status", "--porcelain", "--untracked-files=no")
+        outputs = [f":(exclude){path}" for step in STEPS for path in step.publishes]
+        # the figures themselves may differ from the commit: only the code must not
+        dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                     f":(exclude){FIGURES}", *outputs)
         where = f"commit {commit}" + (" with uncommitted changes" if dirty else "")
     load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
     return (f"{_cpu_model()}, {os.cpu_count()} CPUs{load}, {platform.system()} "
