@@ -56,7 +56,7 @@ class Context:
 class Step:
     name: str
     what: str
-    cost: str  # rough wall time on a 2-core machine
+    cost: str  # measured wall time on a 2-core machine (all steps: ~13 min)
     publishes: tuple[str, ...]  # paths, relative to the repository, besides docs/figures.md
     run: Callable[[Context], str]  # returns the Markdown body of the step's section
 
@@ -221,35 +221,35 @@ PAGED_PNG = {"throughput.png": "docs/paged_throughput.png", "waste.png": "docs/p
 
 STEPS = (
     Step("capacity", "the capacity sheets the README prints", "2 s", (), capacity),
-    Step("tokens", "token counts of docs/tokens_sample.txt", "2 s", (), tokens),
-    Step("quickstart", "the worked example, its plots and a 6-request timeline", "5 s",
+    Step("tokens", "token counts of docs/tokens_sample.txt", "1 s", (), tokens),
+    Step("quickstart", "the worked example, its plots and a 6-request timeline", "2 s",
          ("docs/quickstart_latency_cdf.png", "docs/quickstart_timeseries.png",
           "docs/timeline.png"), quickstart),
-    Step("slots", "batch slots under static vs continuous batching", "5 s",
+    Step("slots", "batch slots under static vs continuous batching", "1 s",
          ("docs/slots.png",), slots),
-    Step("batching", "static vs dynamic vs continuous batching over load", "3 min",
+    Step("batching", "static vs dynamic vs continuous batching over load", "20 s",
          tuple(BATCHING_PNG.values()), compare("scenarios/batching_policies.yaml",
                                                BATCHING_PNG)),
-    Step("paged", "paged vs contiguous KV", "2 min", tuple(PAGED_PNG.values()),
+    Step("paged", "paged vs contiguous KV", "10 s", tuple(PAGED_PNG.values()),
          compare("scenarios/paged_vs_contiguous.yaml", PAGED_PNG)),
-    Step("prefix_caching", "Mooncake trace, prefix caching off vs on", "3 min", (),
+    Step("prefix_caching", "Mooncake trace, prefix caching off vs on", "45 s", (),
          compare("scenarios/prefix_caching.yaml", {})),
-    Step("routing", "4 replicas behind three routers", "2 min",
+    Step("routing", "4 replicas behind three routers", "30 s",
          ("docs/routing_load_balance.png",), routing),
-    Step("speculative", "speculative decoding off vs draft model vs n-gram", "5 min", (),
+    Step("speculative", "speculative decoding off vs draft model vs n-gram", "50 s", (),
          compare("scenarios/speculative.yaml", {})),
-    Step("long_context", "4k to 128k context, trickle and burst", "2 min",
+    Step("long_context", "4k to 128k context, trickle and burst", "25 s",
          ("docs/long_context_sweep.png",), long_context),
-    Step("engine_replay", "the CPU engine serving scenarios/engine_cpu.yaml", "1 min", (),
+    Step("engine_replay", "the CPU engine serving scenarios/engine_cpu.yaml", "35 s", (),
          engine_replay),
-    Step("bench_sim", "simulator speed and memory, N = 1k to 100k", "6 min",
+    Step("bench_sim", "simulator speed and memory, N = 1k to 100k", "3.5 min",
          ("benchmarks/results/bench_sim.json",), bench_sim(json_name="bench_sim.json")),
-    Step("bench_sim_1m", "simulator speed and memory at a million requests", "4 min",
+    Step("bench_sim_1m", "simulator speed and memory at a million requests", "3 min",
          ("benchmarks/results/bench_sim_1m.json",),
          bench_sim("--n", "1000000", "--rates", "200", json_name="bench_sim_1m.json")),
-    Step("bench_engine", "engine kernels on this CPU against their floors", "2 min",
+    Step("bench_engine", "engine kernels on this CPU against their floors", "2.5 min",
          ("benchmarks/results/bench_engine.json",), bench_engine),
-    Step("notebooks", "every notebook executed in place", "5 min", NOTEBOOKS, notebooks),
+    Step("notebooks", "every notebook executed in place", "1 min", NOTEBOOKS, notebooks),
 )
 
 
