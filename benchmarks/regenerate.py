@@ -358,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.list:
         for s in STEPS:
-            print(f"{s.name:<15} {s.cost:>6}  {s.what}; writes "
+            print(f"{s.name:<15} {s.cost:>7}  {s.what}; writes "
                   f"{', '.join((*s.publishes, args.figures))}")
         return 0
     ctx = Context(work=(REPO / args.work).resolve(), stamp=provenance())
