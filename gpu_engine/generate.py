@@ -2,7 +2,10 @@
 
 The same engine, scheduler and block manager as a replay, on a pool just big
 enough for the one request; text comes out as the tokenizer can decode it
-(a byte-level token may end in the middle of a UTF-8 character).
+(a byte-level token may end in the middle of a UTF-8 character). Without
+`--weights` the weights are random, so the "text" is arbitrary bytes: the
+caller is told so (`weights_notice`), and every piece is passed through
+`printable` so control characters cannot drive the terminal.
 """
 
 from __future__ import annotations
@@ -22,6 +25,21 @@ class GenerateError(ValueError):
     """A user error in a generate request."""
 
 
+def printable(text: str) -> str:
+    """`text` with every non-printable character but newline and tab written as an escape
+    (`\\x1b`, `\\x0c`): random weights emit control bytes a terminal would act on."""
+    return "".join(ch if ch.isprintable() or ch in "\n\t"
+                   else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def weights_notice(model: str, weights: str | None) -> str | None:
+    """The line to show before the text when the weights are random, else None."""
+    if weights is not None:
+        return None
+    return (f"note: {model} has random weights (no --weights given), so the output is noise; "
+            "non-printable characters are shown escaped")
+
+
 def _tokenizer_name(tokenizer: str | None, weights: str | None) -> str:
     if tokenizer is not None:
         return tokenizer
@@ -34,7 +52,7 @@ def generate_text(prompt: str, max_tokens: int, model: str = "tiny", weights: st
                   tokenizer: str | None = None, temperature: float = 0.0, top_k: int = 0,
                   top_p: float = 1.0, seed: int = 0, device: str = "auto",
                   stop_at_eos: bool = False, block_size: int = 16) -> Iterator[str]:
-    """Yield decoded text pieces as the engine emits tokens."""
+    """Yield decoded text pieces as the engine emits tokens, made `printable`."""
     tok = load_tokenizer(_tokenizer_name(tokenizer, weights))
     ids = tok.encode(prompt)
     if not ids:
@@ -79,9 +97,9 @@ def generate_text(prompt: str, max_tokens: int, model: str = "tiny", weights: st
             break
         piece = decoder.feed(event.token_id)
         if piece:
-            yield piece
+            yield printable(piece)
         if event.finished:
             break
     rest = decoder.flush()
     if rest:
-        yield rest
+        yield printable(rest)

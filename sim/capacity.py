@@ -6,6 +6,11 @@ the KV cache than the weights at 128k?"): `--context 128k` (k = 1024 tokens,
 the naming model cards use); the report gives one sequence's KV, the batch's
 and the whole KV pool's, each against the weights, and notes a context past
 the model's maximum.
+
+Fit is stated, never implied by a zero: when weights and activations leave
+no room for one sequence, the report says by how many GiB the GPU falls
+short and the smallest tensor-parallel group that holds one sequence (and
+the whole batch), and the command exits 1 so a script can tell.
 """
 
 from __future__ import annotations
@@ -44,6 +49,31 @@ from sim.specs import (
 
 DEFAULT_MODEL = "llama-3-8b"
 _GIB = 1024**3
+GPUS_PER_NODE = 8  # tensor parallelism past one node's NVLink domain is rare in practice
+EXIT_DOES_NOT_FIT = 1
+
+
+def smallest_fitting_tp(model: ModelSpec, hw: HardwareSpec, sequences: int,
+                        context_tokens: int, memory_utilization: float = 0.9,
+                        dtype_bytes: float = 2, block_size: int = 16,
+                        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> int | None:
+    """Fewest GPUs (a tensor-parallel degree vLLM allows) on which `sequences` sequences of
+    `context_tokens` fit beside the weights and activations; None if no degree does.
+
+    The candidates stop at num_heads: a larger group cannot split the attention heads.
+    """
+    for tp in range(1, model.num_heads + 1):
+        try:
+            check_tp(model, tp)
+        except ValueError:
+            continue
+        activations = activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs,
+                                               dtype_bytes, tp)
+        if max_concurrency(model, hw, context_tokens, tp, memory_utilization, block_size,
+                           dtype_bytes, activations) >= sequences:
+            return tp
+    return None
 
 
 def capacity_report(model: ModelSpec, hw: HardwareSpec, tp: int = 1, context_tokens: int = 8192,
@@ -66,19 +96,29 @@ def capacity_report(model: ModelSpec, hw: HardwareSpec, tp: int = 1, context_tok
     # the textbook figure: the weights-only view, where attention's KV reads are ignored
     crossover_linear = memory_bound_crossover_batch(model, hw, 0, tp, dtype_bytes)
     bw = hw.memory_bandwidth_bytes_per_s
+    usable = hw.memory_bytes * memory_utilization
+    sizing = {"context_tokens": context_tokens, "memory_utilization": memory_utilization,
+              "dtype_bytes": dtype_bytes, "block_size": block_size,
+              "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs}
     return {
         "model": model.name, "gpu": hw.name, "tp": tp, "context_tokens": context_tokens,
         "batch_size": batch_size, "memory_utilization": memory_utilization,
         "dtype_bytes": dtype_bytes, "block_size": block_size,
         "num_layers": model.num_layers, "kv_heads_per_gpu": kv_heads_per_gpu(model, tp),
-        "head_dim": model.head_dim,
+        "head_dim": model.head_dim, "num_heads": model.num_heads,
         "total_params": model.total_params, "active_params": model.active_params,
         "kv_bytes_per_token": kv_token,
         "kv_bytes_context_batch": kv_batch,
         "weights_bytes_per_gpu": weights,
         "gpu_memory_bytes": hw.memory_bytes,
-        "usable_memory_bytes": hw.memory_bytes * memory_utilization,
+        "usable_memory_bytes": usable,
         "activation_reserve_bytes": activations,
+        # signed: negative when weights and activations alone overflow the usable memory
+        "memory_left_bytes": usable - weights - activations,
+        "weights_fit": weights + activations <= usable,
+        "fits": concurrency >= 1,
+        "min_gpus_one_sequence": smallest_fitting_tp(model, hw, 1, **sizing),
+        "min_gpus_batch": smallest_fitting_tp(model, hw, batch_size, **sizing),
         "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
         "kv_budget_bytes": kv_budget_bytes(model, hw, tp, memory_utilization, activations,
                                            dtype_bytes),
@@ -113,11 +153,49 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.3f} ms"
 
 
+def _gpus(tp: int | None, gpu: str, heads: int) -> str:
+    if tp is None:
+        return f"no tensor-parallel group of up to {heads} x {gpu} fits"
+    node = f", more than one {GPUS_PER_NODE}-GPU node" if tp > GPUS_PER_NODE else ""
+    return f"--gpus {tp} ({tp} x {gpu}{node})"
+
+
+def _verdict(r: dict[str, Any]) -> str:
+    """Why nothing fits, by how much, and the smallest tensor-parallel group that does."""
+    need = r["weights_bytes_per_gpu"] + r["activation_reserve_bytes"]
+    if not r["weights_fit"]:
+        why = (f"does NOT fit: {_gib(r['weights_bytes_per_gpu'])} weights + "
+               f"{_gib(r['activation_reserve_bytes'])} activations = {_gib(need)} per GPU, "
+               f"{_gib(-r['memory_left_bytes'])} more than the {_gib(r['usable_memory_bytes'])} "
+               "usable")
+    else:
+        why = (f"does NOT fit: the {_gib(r['memory_left_bytes'])} left after weights and "
+               f"activations holds {r['kv_budget_blocks']:,} blocks, fewer than the "
+               f"{r['blocks_per_seq']:,} of one {r['context_tokens']:,}-token sequence "
+               f"({_gib(r['kv_bytes_per_seq'])})")
+    one = _gpus(r["min_gpus_one_sequence"], r["gpu"], r["num_heads"])
+    text = f"{why}; smallest that holds one sequence: {one}"
+    if r["batch_size"] > 1 and r["min_gpus_one_sequence"] is not None:
+        batch = _gpus(r["min_gpus_batch"], r["gpu"], r["num_heads"])
+        text += f"; batch {r['batch_size']:,}: {batch}"
+    return text
+
+
 def format_report(r: dict[str, Any]) -> str:
-    """The report as aligned text: label, formula with numbers plugged in, result."""
+    """The report as aligned text: label, formula with numbers plugged in, result.
+
+    When not even one sequence fits, the rows that assume a running server
+    (concurrency, decode floor, crossover, the pool) give way to the verdict.
+    """
     ctx, batch, dtype = r["context_tokens"], r["batch_size"], r["dtype_bytes"]
     heads = r["kv_heads_per_gpu"]
-    fits = "fits" if r["batch_fits"] else "does NOT fit"
+    if r["batch_fits"]:
+        fits = "fits"
+    else:
+        fits = (f"does NOT fit; "
+                f"{_gpus(r['min_gpus_batch'], r['gpu'], r['num_heads'])} fits it"
+                if r["min_gpus_batch"] is not None else "does NOT fit on any tensor-parallel "
+                f"group of up to {r['num_heads']} GPUs")
     if r["crossover_batch"] is None:
         crossover = (f"never: each sequence's KV read ({_ms(r['decode_kv_read_per_seq_s'])}) "
                      f"outlasts its compute ({_ms(r['decode_compute_per_seq_s'])}), "
@@ -128,6 +206,14 @@ def format_report(r: dict[str, Any]) -> str:
         crossover = (f"batch {r['crossover_batch']:,.1f} (compute time = HBM time; {reach}; "
                      f"per sequence {_ms(r['decode_compute_per_seq_s'])} compute vs "
                      f"{_ms(r['decode_kv_read_per_seq_s'])} KV read)")
+    budget = (f"{_gib(r['gpu_memory_bytes'])} x {r['memory_utilization']:g} - "
+              f"{_gib(r['weights_bytes_per_gpu'])} weights - "
+              f"{_gib(r['activation_reserve_bytes'])} activations = ")
+    if r["weights_fit"]:
+        budget += (f"{_gib(r['kv_budget_bytes'])} = {r['kv_budget_blocks']:,} blocks x "
+                   f"{r['block_size']} = {r['kv_budget_tokens']:,} tokens")
+    else:
+        budget += f"{_gib(r['memory_left_bytes'])}: no room for KV"
     rows = [
         ("setup", f"{r['model']} on {r['tp']} x {r['gpu']}, {dtype:g}-byte weights and KV, "
                   f"context {ctx:,} x batch {batch:,} (all figures per GPU)"),
@@ -142,32 +228,35 @@ def format_report(r: dict[str, Any]) -> str:
         ("activations", f"{r['max_num_batched_tokens']:,} batched tokens' layer buffers + "
                         f"fp32 logits for {r['max_num_seqs']} seqs = "
                         f"{_gib(r['activation_reserve_bytes'])}"),
-        ("KV budget", f"{_gib(r['gpu_memory_bytes'])} x {r['memory_utilization']:g} - "
-                      f"{_gib(r['weights_bytes_per_gpu'])} weights - "
-                      f"{_gib(r['activation_reserve_bytes'])} activations = "
-                      f"{_gib(r['kv_budget_bytes'])} = {r['kv_budget_blocks']:,} blocks x "
-                      f"{r['block_size']} = {r['kv_budget_tokens']:,} tokens"),
-        ("max concurrency", f"{r['kv_budget_blocks']:,} blocks / {r['blocks_per_seq']:,} blocks "
-                            f"per {ctx:,}-token sequence = {r['max_concurrency']:,} sequences "
-                            f"(batch {batch:,} {fits})"),
-        ("decode floor", f"({_gib(r['decode_weights_read_bytes'])} weights + "
-                         f"{_gib(r['kv_bytes_context_batch'])} KV) / "
-                         f"{r['memory_bandwidth_bytes_per_s'] / 1e12:,.2f} TB/s = "
-                         f"{_ms(r['decode_step_floor_s'])} per step at batch {batch:,}"),
-        ("crossover", crossover),
-        ("  weights only", f"batch {r['crossover_batch_weights_only']:,.1f}: where the linear "
-                           "layers alone turn compute-bound (attention's KV reads ignored)"),
-        ("KV / weights", f"{_gib(r['kv_bytes_context_batch'])} / "
-                         f"{_gib(r['weights_bytes_per_gpu'])} = "
-                         f"{r['kv_to_weights_ratio']:,.2f}"),
-        ("  one sequence", f"{r['kv_bytes_per_token']:,.0f} B x {ctx:,} tokens = "
-                           f"{_gib(r['kv_bytes_per_seq'])} = "
-                           f"{r['kv_seq_to_weights_ratio']:,.2f} x the weights"),
-        ("  whole KV pool", f"{r['kv_budget_tokens']:,} tokens x {r['kv_bytes_per_token']:,.0f} B"
-                            f" = {_gib(r['kv_budget_tokens'] * r['kv_bytes_per_token'])} = "
-                            f"{r['kv_pool_to_weights_ratio']:,.2f} x the weights "
-                            f"({r['max_concurrency']:,} sequences of {ctx:,} tokens)"),
+        ("KV budget", budget),
     ]
+    if not r["fits"]:
+        rows.append(("fit", _verdict(r)))
+    else:
+        rows += [
+            ("max concurrency", f"{r['kv_budget_blocks']:,} blocks / {r['blocks_per_seq']:,} "
+                                f"blocks per {ctx:,}-token sequence = "
+                                f"{r['max_concurrency']:,} sequences (batch {batch:,} {fits})"),
+            ("decode floor", f"({_gib(r['decode_weights_read_bytes'])} weights + "
+                             f"{_gib(r['kv_bytes_context_batch'])} KV) / "
+                             f"{r['memory_bandwidth_bytes_per_s'] / 1e12:,.2f} TB/s = "
+                             f"{_ms(r['decode_step_floor_s'])} per step at batch {batch:,}"),
+            ("crossover", crossover),
+            ("  weights only", f"batch {r['crossover_batch_weights_only']:,.1f}: where the "
+                               "linear layers alone turn compute-bound (attention's KV reads "
+                               "ignored)"),
+            ("KV / weights", f"{_gib(r['kv_bytes_context_batch'])} / "
+                             f"{_gib(r['weights_bytes_per_gpu'])} = "
+                             f"{r['kv_to_weights_ratio']:,.2f}"),
+            ("  one sequence", f"{r['kv_bytes_per_token']:,.0f} B x {ctx:,} tokens = "
+                               f"{_gib(r['kv_bytes_per_seq'])} = "
+                               f"{r['kv_seq_to_weights_ratio']:,.2f} x the weights"),
+            ("  whole KV pool", f"{r['kv_budget_tokens']:,} tokens x "
+                                f"{r['kv_bytes_per_token']:,.0f} B = "
+                                f"{_gib(r['kv_budget_tokens'] * r['kv_bytes_per_token'])} = "
+                                f"{r['kv_pool_to_weights_ratio']:,.2f} x the weights "
+                                f"({r['max_concurrency']:,} sequences of {ctx:,} tokens)"),
+        ]
     if r["context_exceeds_model"]:
         rows.append(("note", f"context {ctx:,} exceeds {r['model']}'s maximum of "
                              f"{r['model_max_context_tokens']:,} tokens: a server rejects "
@@ -225,13 +314,13 @@ def _load_model(args: argparse.Namespace) -> ModelSpec:
     fields.update(_parse_field(text) for text in args.model_fields)
     if not fields:
         return get_model(args.model or DEFAULT_MODEL)
-    if args.model and "base" not in fields:
-        fields["base"] = args.model
+    fields.setdefault("base", args.model or DEFAULT_MODEL)  # what --help promises
     return model_from_fields(fields)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the report; bad input is one line on stderr and exit status 2."""
+    """Print the report; exit 1 when not one sequence fits, 2 (one line on stderr) on bad
+    input."""
     try:
         model = _load_model(args)
         hw = get_hardware(args.gpu)
@@ -256,14 +345,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"servesim capacity: error: {err}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=2) if args.json else format_report(report))
-    return 0
+    return 0 if report["fits"] else EXIT_DOES_NOT_FIT
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `capacity`; numbers are parsed in `run` so bad ones get a one-line error."""
     p = subparsers.add_parser(
         "capacity", help="KV, weights, memory budget, decode floor and concurrency for a model",
-        description="Back-of-envelope serving capacity, every term with its formula.")
+        description="Back-of-envelope serving capacity, every term with its formula. "
+                    "Exit status 1 when not even one sequence fits; the report then says by "
+                    "how much and the smallest --gpus that fits.")
     p.add_argument("--model", help=f"catalogue model (default {DEFAULT_MODEL}); with "
                                     "--model-field/--model-file it is the base to override")
     p.add_argument("--model-file", help="YAML/JSON mapping of ModelSpec fields (may set base)")

@@ -7,12 +7,15 @@ Agg canvas, as in `sim.plots`: no pyplot, no global state.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from sim.plots import no_data, save_figure
 
@@ -128,11 +131,79 @@ def plot_waste(table: pd.DataFrame, rate: float, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def plot_sweep(table: pd.DataFrame, grid_keys: list[str], path: Path) -> Path:
+# Axis labels, with units, for the scenario fields people sweep; others fall back to
+# `field_label`'s reading of the name.
+FIELD_LABELS: Mapping[str, str] = MappingProxyType({
+    "workload.prompt_tokens.value": "prompt length (tokens)",
+    "workload.output_tokens.value": "output length (tokens)",
+    "workload.arrivals.rate": "arrival rate (req/s)",
+    "workload.arrivals.burstiness": "burstiness (gamma shape; 1 = Poisson)",
+    "workload.num_requests": "requests (count)",
+    "workload.trace.time_scale": "trace speed-up (x)",
+    "scheduler.max_num_seqs": "max running sequences (seqs)",
+    "scheduler.max_num_batched_tokens": "token budget per step (tokens)",
+    "scheduler.batch_size": "batch size (requests)",
+    "scheduler.max_wait_ms": "max batch wait (ms)",
+    "scheduler.max_model_len": "max model length (tokens)",
+    "kv.block_size": "KV block size (tokens)",
+    "kv.num_blocks": "KV pool (blocks)",
+    "kv.dtype_bytes": "KV value size (bytes)",
+    "kv.host_swap_gib": "host swap space (GiB)",
+    "hardware.count": "GPUs per replica (tensor parallel)",
+    "hardware.memory_utilization": "GPU memory for serving (fraction)",
+    "replicas": "replicas (count)",
+    "speculative.num_tokens": "draft tokens per step (k)",
+    "speculative.acceptance.alpha": "draft acceptance rate (alpha)",
+    "slo.ttft_ms": "TTFT SLO (ms)",
+    "slo.tpot_ms": "TPOT SLO (ms)",
+    "latency.step_overhead_ms": "step overhead (ms)",
+})
+_UNIT_SUFFIXES = (("_ms", "ms"), ("_s", "s"), ("_tokens", "tokens"), ("_gib", "GiB"),
+                  ("_bytes", "bytes"), ("rate", "req/s"))
+
+
+def field_label(key: str) -> str:
+    """A readable label with its unit for a scenario field path ("arrival rate (req/s)")."""
+    if key in FIELD_LABELS:
+        return FIELD_LABELS[key]
+    leaf = [part for part in key.split(".") if part != "value"][-1]
+    for suffix, unit in _UNIT_SUFFIXES:
+        if leaf.endswith(suffix):
+            words = leaf.removesuffix(suffix).replace("_", " ").strip() or leaf
+            return f"{words} ({unit})"
+    return f"{leaf.replace('_', ' ')} ({key})"
+
+
+def value_label(key: str, value: object) -> str:
+    """One grid value in words: "arrival rate 0.02 req/s"."""
+    name, _, unit = field_label(key).partition(" (")
+    unit = unit.removesuffix(")")
+    text = f"{value:g}" if isinstance(value, int | float) and not isinstance(value, bool) \
+        else str(value)
+    return f"{name} {text} {unit}" if unit and unit != key else f"{name} {text}"
+
+
+_SWEEP_PANELS = (
+    ("Concurrency reached", "peak running sequences (seqs)",
+     (("max_num_running", "peak"),)),
+    ("Time to first token", "TTFT (ms)", (("median_ttft_ms", "p50"), ("p99_ttft_ms", "p99"))),
+    ("Time per output token", "TPOT (ms)",
+     (("median_tpot_ms", "p50"), ("p99_tpot_ms", "p99"))),
+    ("Output throughput", "output throughput (tok/s)", (("output_throughput", ""),)),
+)
+_STAT_STYLES = {"p99": "--"}  # p50, peak and totals solid
+
+
+def _plain_number(value: float, _position: object = None) -> str:
+    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+
+
+def sweep_figure(table: pd.DataFrame, grid_keys: list[str]) -> Figure:
     """Peak concurrency, TTFT, TPOT and throughput against the sweep's first numeric key.
 
-    One line per value of the other grid keys (e.g. per arrival rate when the
-    x axis is the prompt length); log-2 x when the values span a factor of 8.
+    One colour per value of the other grid keys (e.g. per arrival rate when the
+    x axis is the prompt length), the same in every panel; p50 solid, p99
+    dashed; log-2 x when the values span a factor of 8.
     """
     numeric = [k for k in grid_keys if pd.api.types.is_numeric_dtype(table[k])]
     fig = Figure(figsize=(11, 8), layout="constrained")
@@ -140,28 +211,33 @@ def plot_sweep(table: pd.DataFrame, grid_keys: list[str], path: Path) -> Path:
     x = numeric[0] if numeric else None
     others = [k for k in grid_keys if k != x]
     groups = [("", table)] if not others else [
-        (", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(
+        (", ".join(value_label(k, v) for k, v in zip(
             others, key if isinstance(key, tuple) else (key,), strict=True)), rows)
         for key, rows in table.groupby(others, sort=False)]
-    panels = ((("max_num_running", "peak running sequences"),), (("median_ttft_ms", "p50"),
-              ("p99_ttft_ms", "p99")), (("median_tpot_ms", "p50"), ("p99_tpot_ms", "p99")),
-              (("output_throughput", "output tok/s"),))
-    titles = ("Concurrency reached", "TTFT (ms)", "TPOT (ms)", "Output throughput (tok/s)")
-    for ax, columns, title in zip(axes.flat, panels, titles, strict=True):
-        for label, rows in groups if x is not None else []:
+    xlabel = field_label(x) if x is not None else "no numeric grid key"
+    for ax, (title, ylabel, columns) in zip(axes.flat, _SWEEP_PANELS, strict=True):
+        for i, (label, rows) in enumerate(groups if x is not None else []):
             rows = rows.sort_values(x)
             for column, what in columns:
                 if column in rows and rows[column].notna().any():
-                    name = " ".join(p for p in (label, what) if p)
-                    ax.plot(*_xy(rows, x, column), marker="o", label=name)
+                    name = " ".join(p for p in (label, what) if p) or ylabel
+                    ax.plot(*_xy(rows, x, column), marker="o", color=f"C{i % 10}",
+                            linestyle=_STAT_STYLES.get(what, "-"), label=name)
         if x is not None and table[x].min() > 0 and table[x].max() >= 8 * table[x].min():
             ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(FuncFormatter(_plain_number))  # 4,096, not 2^12
         values = table[[c for c, _ in columns if c in table]].to_numpy(dtype=np.float64)
         if ax.has_data() and np.nanmin(values) > 0 and np.nanmax(values) > 20 * np.nanmin(values):
             ax.set_yscale("log")  # only when the curves span decades
-        _finish(ax, title, x or "no numeric grid key", title)
-    fig.suptitle("Sweep: " + ", ".join(grid_keys))
-    return save_figure(fig, path)
+        _finish(ax, title, xlabel, ylabel)
+    fig.suptitle("Sweep over " + " and ".join(field_label(k).partition(" (")[0]
+                                              for k in grid_keys))
+    return fig
+
+
+def plot_sweep(table: pd.DataFrame, grid_keys: list[str], path: Path) -> Path:
+    """`sweep_figure` saved to `path`."""
+    return save_figure(sweep_figure(table, grid_keys), path)
 
 
 def write_plots(table: pd.DataFrame, waste_rate: float, out_dir: Path) -> list[Path]:

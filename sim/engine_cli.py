@@ -65,11 +65,14 @@ def _engine_modules() -> bool:
 def _generate(args: argparse.Namespace) -> int:
     if not _engine_modules():
         return 2
-    from gpu_engine.generate import GenerateError, generate_text
+    from gpu_engine.generate import GenerateError, generate_text, weights_notice
 
     if args.max_tokens < 1:
         print(f"error: --max-tokens must be >= 1, got {args.max_tokens}", file=sys.stderr)
         return 2
+    notice = weights_notice(args.model, args.weights)
+    if notice:
+        print(notice, file=sys.stderr)
     try:
         for piece in generate_text(args.prompt, args.max_tokens, model=args.model,
                                    weights=args.weights, tokenizer=args.tokenizer,

@@ -111,10 +111,17 @@ def _plot_held_live(ax: Axes, t_s: np.ndarray, held: np.ndarray, live: np.ndarra
 
 def plot_timeseries(series_df: pd.DataFrame, path: Path, kv_blocks_total: int | None = None,
                     kv_pool_tokens: int | None = None) -> Path:
+    """`timeseries_figure` saved to `path`."""
+    return save_figure(timeseries_figure(series_df, kv_blocks_total, kv_pool_tokens), path)
+
+
+def timeseries_figure(series_df: pd.DataFrame, kv_blocks_total: int | None = None,
+                      kv_pool_tokens: int | None = None) -> Figure:
     """Batch size, queue length, KV blocks used and KV held vs live against time, stacked.
 
     `series_df` is `RunRecorder.steps_frame()`: one row per time bucket. The
-    held/live panel appears when the series has those columns.
+    held/live panel appears when the series has those columns. KV is drawn as a
+    share of the pool when its size is given, the axis naming what 100% is.
     """
     held_live = {"mean_kv_slots_held", "mean_kv_live_tokens"} <= set(series_df.columns)
     fig = Figure(figsize=(11, 10.5 if held_live else 8), layout="constrained")
@@ -128,7 +135,7 @@ def plot_timeseries(series_df: pd.DataFrame, path: Path, kv_blocks_total: int | 
     if kv_blocks_total:
         scale = 100.0 / kv_blocks_total
         kv_mean, kv_max = kv_mean * scale, kv_max * scale
-        kv_label = f"KV used (% of {kv_blocks_total})"
+        kv_label = f"KV used (% of {kv_blocks_total:,} KV blocks)"
     else:
         kv_label = "KV blocks used"
     panels = ((col("mean_batch_size"), col("max_batch_size"), "batch size (seqs)",
@@ -144,7 +151,7 @@ def plot_timeseries(series_df: pd.DataFrame, path: Path, kv_blocks_total: int | 
         label = "KV token slots"
         if kv_pool_tokens:
             held, live = held * (100.0 / kv_pool_tokens), live * (100.0 / kv_pool_tokens)
-            label = f"% of {kv_pool_tokens} slots"
+            label = f"% of {kv_pool_tokens:,} KV token slots"
         _plot_held_live(axes[3], t_s, held, live, label)
         axes[3].set_title("KV slots held vs live tokens (time-weighted mean per bucket)")
     axes[-1].set_xlabel("simulated time (s)")
@@ -154,7 +161,7 @@ def plot_timeseries(series_df: pd.DataFrame, path: Path, kv_blocks_total: int | 
         width_s = float(series_df["t_end_s"].iloc[0] - series_df["t_start_s"].iloc[0])
         note = f", {t_s.size} buckets of {width_s:.3g} s"
     fig.suptitle(f"Run time series{note}")
-    return save_figure(fig, path)
+    return fig
 
 
 def plot_load_balance(series: Sequence[pd.DataFrame], path: Path) -> Path:

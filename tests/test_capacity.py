@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.capacity import capacity_report, format_report, register
-from sim.specs import get_hardware, get_model
+from sim.capacity import capacity_report, format_report, register, smallest_fitting_tp
+from sim.specs import get_hardware, get_model, hardware_from_fields
 
 GIB = 1024**3
 
@@ -93,9 +93,80 @@ def test_weights_only_crossover_comes_before_any_context(
 
 
 def test_model_too_big_leaves_no_kv(capsys: pytest.CaptureFixture[str]) -> None:
-    report = run_json(["--model", "llama-3.1-405b"], capsys)
+    code, out, err = run_cli(["--model", "llama-3.1-405b", "--json"], capsys)
+    report = json.loads(out)
+    assert code == 1 and err == ""
     assert report["kv_budget_bytes"] == 0 and report["max_concurrency"] == 0
-    assert report["batch_fits"] is False
+    assert report["batch_fits"] is False and report["fits"] is False
+
+
+def _smaller_valid_tps(model_name: str, below: int) -> list[int]:
+    heads = get_model(model_name).num_heads
+    return [tp for tp in range(1, below) if heads % tp == 0]
+
+
+def test_70b_on_one_h100_says_the_weights_do_not_fit_by_how_much_and_the_gpus_needed(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["--model", "llama-3-70b"], capsys)
+    assert code == 1 and err == ""
+    report = run_cli(["--model", "llama-3-70b", "--json"], capsys)[1]
+    r = json.loads(report)
+    usable = 80 * GIB * 0.9
+    short = r["weights_bytes_per_gpu"] + r["activation_reserve_bytes"] - usable
+    assert short > 0 and r["weights_fit"] is False
+    assert r["memory_left_bytes"] == pytest.approx(-short)
+    fit_line = next(line for line in out.splitlines() if line.startswith("fit"))
+    assert "does NOT fit" in fit_line
+    assert f"{short / GIB:,.2f} GiB more than the {usable / GIB:,.2f} GiB usable" in fit_line
+    assert f"one sequence: --gpus {r['min_gpus_one_sequence']} " in fit_line
+    assert f"batch 32: --gpus {r['min_gpus_batch']} " in fit_line
+    assert "0 sequences" not in out and "max concurrency" not in out
+    # the suggested group is the smallest: it fits, and every smaller valid one does not
+    for need, key in ((1, "min_gpus_one_sequence"), (32, "min_gpus_batch")):
+        tp = r[key]
+        assert run_json(["--model", "llama-3-70b", "--gpus", str(tp)], capsys)[
+            "max_concurrency"] >= need
+        for smaller in _smaller_valid_tps("llama-3-70b", tp):
+            code, out, _ = run_cli(["--model", "llama-3-70b", "--gpus", str(smaller),
+                                    "--json"], capsys)
+            assert json.loads(out)["max_concurrency"] < need, smaller
+    assert r["min_gpus_one_sequence"] <= r["min_gpus_batch"]
+
+
+def test_weights_fit_but_not_one_sequence_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--model", "llama-3.1-8b", "--context", "512k", "--batch", "1"]
+    code, out, _ = run_cli(argv, capsys)
+    assert code == 1
+    fit_line = next(line for line in out.splitlines() if line.startswith("fit"))
+    assert "left after weights and activations" in fit_line
+    assert "fewer than the 32,768 of one 524,288-token sequence" in fit_line
+    r = json.loads(run_cli([*argv, "--json"], capsys)[1])
+    assert r["weights_fit"] is True and r["fits"] is False and r["kv_budget_blocks"] < 32768
+
+
+def test_a_batch_that_does_not_fit_names_the_gpus_that_hold_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    r = run_json(["--model", "llama-3-8b", "--batch", "100"], capsys)
+    assert r["fits"] and not r["batch_fits"] and r["min_gpus_one_sequence"] == 1
+    assert run_json(["--model", "llama-3-8b", "--batch", "100", "--gpus",
+                     str(r["min_gpus_batch"])], capsys)["batch_fits"]
+    out = run_cli(["--model", "llama-3-8b", "--batch", "100"], capsys)[1]
+    assert f"(batch 100 does NOT fit; --gpus {r['min_gpus_batch']} " in out
+
+
+def test_no_tensor_parallel_group_fits_a_gpu_far_too_small() -> None:
+    small = hardware_from_fields({"base": "h100-sxm", "memory_bytes": 0.1 * GIB})
+    model = get_model("llama-3-8b")
+    assert smallest_fitting_tp(model, small, 1, 8192) is None
+    text = format_report(capacity_report(model, small))
+    assert "one sequence: no tensor-parallel group of up to 32 x h100-sxm (custom) fits" in text
+
+
+def test_model_field_alone_overrides_the_default_base(capsys: pytest.CaptureFixture[str]) -> None:
+    """--help: without --model, --model-field overrides llama-3-8b."""
+    r = run_json(["--model-field", "num_layers=40"], capsys)
+    assert r["kv_bytes_per_token"] == 2 * 40 * 8 * 128 * 2
+    assert r["model"] == "llama-3-8b (custom)" and r["num_layers"] == 40
 
 
 def test_custom_model_from_fields_and_file(tmp_path: Path,

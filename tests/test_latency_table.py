@@ -8,6 +8,7 @@ import math
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from hypothesis import given, settings
@@ -20,6 +21,7 @@ from sim.core.plan import StepShape
 from sim.des import simulate
 from sim.latency import LatencyModel, TableLatency
 from sim.latency import table_format as tf
+from sim.latency.table import ErrorStats, TableFit
 from sim.latency.table_format import (
     FIT_FILE,
     MEASUREMENTS_FILE,
@@ -92,6 +94,29 @@ def test_measurements_round_trip(rows: list[Measurement]) -> None:
         back = read_measurements(tmp)
         assert read_metadata(tmp) == meta
     assert len(back) == len(rows) and all(same(a, b) for a, b in zip(rows, back, strict=True))
+
+
+def test_numpy_values_round_trip(tmp_path: Path) -> None:
+    """A profiler computing with numpy hands over np.float64/np.int64: the files must still
+    read back (repr() once wrote `np.float64(1.25)` into measurements.csv)."""
+    row = Measurement("mixed", (np.int64(64),), (np.int64(128),), np.int64(3), np.int64(300),
+                      np.int64(120), np.int64(4), np.int64(1), np.int64(5),
+                      np.float64(1.25), np.float64(1.0), np.float64(1.5), np.float64(2.25),
+                      np.float64(2.0), np.float64(np.nan))
+    meta = tf.TableMetadata("cpu0", "cpu", "2.13.0", None, "float32", TINY, 16, 512, 32)
+    write_measurements(tmp_path, [row], meta)
+    assert "np." not in (tmp_path / MEASUREMENTS_FILE).read_text()
+    [back] = read_measurements(tmp_path)
+    assert same(row, back) and type(back.wall_ms_median) is float
+    fit = TableFit("wall", (0, np.int64(512)), np.float64(0.5), (np.float64(0.01),),
+                   np.float32(1e-6), np.float64(2e-4), np.float64(0.02), np.float64(0.03),
+                   held_out=(ErrorStats("all", np.int64(7), np.float64(3.5),
+                                        np.float64(6.0)),))
+    tf.write_fit(tmp_path, fit, {"intercept_ms": "per step"})
+    again = tf.read_fit(tmp_path)
+    assert again.intercept_ms == 0.5 and again.knots_tokens == (0, 512)
+    assert again.prefill_attention_ms_per_pair == pytest.approx(1e-6)
+    assert again.held_out == (ErrorStats("all", 7, 3.5, 6.0),)
 
 
 def test_metadata_records_what_produced_the_table(table_dir: Path) -> None:

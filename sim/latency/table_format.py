@@ -155,7 +155,23 @@ class TableMetadata:
 
 
 def _format_ms(value: float) -> str:
+    """Shortest text that reads back to the same float; empty for NaN.
+
+    `float()` first: repr of a numpy float is `np.float64(1.5)`, which no reader parses.
+    """
+    value = float(value)
     return "" if math.isnan(value) else repr(value)
+
+
+def _plain(value: Any) -> Any:
+    """JSON for numpy scalars and arrays (a fit computed with numpy hands them over)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _dumps(raw: Mapping[str, Any]) -> str:
+    return json.dumps(raw, indent=2, default=_plain) + "\n"
 
 
 def write_measurements(directory: str | Path, rows: Iterable[Measurement],
@@ -163,14 +179,14 @@ def write_measurements(directory: str | Path, rows: Iterable[Measurement],
     """Write metadata.json and measurements.csv into `directory` (created); returns it."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    (out / METADATA_FILE).write_text(json.dumps(metadata.to_dict(), indent=2) + "\n")
+    (out / METADATA_FILE).write_text(_dumps(metadata.to_dict()))
     with (out / MEASUREMENTS_FILE).open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(COLUMNS)
         for m in rows:
-            writer.writerow([m.kind, " ".join(map(str, m.prefill_chunk_tokens)),
-                             " ".join(map(str, m.prefill_context_tokens)),
-                             *(getattr(m, c) for c in _INT_COLUMNS),
+            writer.writerow([m.kind, " ".join(str(int(t)) for t in m.prefill_chunk_tokens),
+                             " ".join(str(int(t)) for t in m.prefill_context_tokens),
+                             *(int(getattr(m, c)) for c in _INT_COLUMNS),
                              *(_format_ms(getattr(m, c)) for c in _MS_COLUMNS)])
     return out
 
@@ -282,7 +298,7 @@ def write_fit(directory: str | Path, fit: TableFit, features: Mapping[str, str])
     raw["held_out"] = [dataclasses.asdict(e) for e in fit.held_out]
     body = {"format_version": FORMAT_VERSION, "features": dict(features), **raw}
     path = Path(directory) / FIT_FILE
-    path.write_text(json.dumps(body, indent=2) + "\n")
+    path.write_text(_dumps(body))
     return path
 
 

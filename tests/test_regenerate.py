@@ -1,0 +1,74 @@
+"""benchmarks/regenerate.py: steps chosen by name, one section per step, each stamped with the
+machine and commit, a subset leaving the other sections as they were."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_script():  # noqa: ANN201 - the module object
+    spec = importlib.util.spec_from_file_location("regenerate", ROOT / "benchmarks" /
+                                                  "regenerate.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["regenerate"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+regenerate = load_script()
+
+
+def test_unknown_steps_are_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert regenerate.main(["--only", "capacity,figurez"]) == 2
+    err = capsys.readouterr().err
+    assert "--only figurez: unknown step" in err and "capacity" in err
+    assert regenerate.main(["--skip", "nope"]) == 2
+
+
+def test_only_and_skip_keep_the_fixed_order() -> None:
+    names = [s.name for s in regenerate.choose("notebooks,capacity", None)]
+    assert names == ["capacity", "notebooks"]
+    every = [s.name for s in regenerate.STEPS]
+    assert [s.name for s in regenerate.choose(None, "notebooks")] == every[:-1]
+
+
+def test_every_published_path_is_a_tracked_kind_of_file() -> None:
+    for step in regenerate.STEPS:
+        for path in step.publishes:
+            assert not Path(path).is_absolute() and ".." not in Path(path).parts
+            assert path.startswith(("docs/", "benchmarks/results/", "notebooks/")), path
+
+
+def test_sections_round_trip_and_keep_step_order() -> None:
+    text = regenerate.write_figures({"tokens": "## tokens\nB\n", "capacity": "## capacity\nA\n"})
+    assert text.index("## capacity") < text.index("## tokens")
+    assert regenerate.read_sections(text) == {"capacity": "## capacity\nA\n",
+                                              "tokens": "## tokens\nB\n"}
+
+
+def test_a_step_run_alone_replaces_only_its_own_section(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    figures = tmp_path / "figures.md"
+    argv = ["--work", str(tmp_path / "work"), "--figures", str(figures)]
+    assert regenerate.main(["--only", "capacity", *argv]) == 0
+    first = regenerate.read_sections(figures.read_text())
+    assert set(first) == {"capacity"}
+    machine, _, commit = regenerate.provenance().partition("; ")  # load average moves
+    assert f"{machine.split(', load average')[0]}" in first["capacity"]
+    assert f"; {commit}, " in first["capacity"] and "CPUs" in machine
+    assert commit.startswith(("commit ", "no git checkout"))
+    assert "$ servesim capacity --model llama-3-70b" in first["capacity"]
+    assert "does NOT fit" in first["capacity"]
+    assert regenerate.main(["--only", "tokens", *argv]) == 0
+    both = regenerate.read_sections(figures.read_text())
+    assert both["capacity"] == first["capacity"]
+    assert "docs/tokens_sample.txt: one text" in both["tokens"]
+    out = capsys.readouterr().out
+    assert "[1/1] capacity: done in" in out and "[1/1] tokens: done in" in out
