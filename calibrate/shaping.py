@@ -113,17 +113,23 @@ class PointRun:
             self._add(chunk_prompt, 1)
 
         def step() -> tuple[float, StepLog]:
-            if idle_gap_s and p.chunk_context:  # a later chunk of a prompt admitted earlier
-                self._add(chunk_prompt, 1)
-            if p.chunk_tokens and p.chunk_context:
-                self._shaping_step(p.num_decodes + p.chunk_context)
             if not idle_gap_s:
+                if p.chunk_tokens and p.chunk_context:
+                    self._shaping_step(p.num_decodes + p.chunk_context)
                 return self._timed_step(arrive if p.chunk_tokens else None)
-            # idle as a validation replay idles (spinning: WallClock(inf)); then a fresh
-            # prompt arrives and is admitted inside the timing, as a replay's first step after
-            # idling starts at the arrival
+            # idle as a validation replay idles (spinning: WallClock(inf)); then a prompt
+            # arrives and is admitted inside the timing, as a replay's first step after idling
+            # starts at its arrival. On a context (a cached prefix), the context is shaped
+            # between the admission and the step, off the clock.
             WallClock(spin_s=math.inf).wait_until(idle_gap_s)
-            return self._timed_step(None, admit=None if p.chunk_context else (chunk_prompt, 1))
+            if not p.chunk_context:
+                return self._timed_step(None, admit=(chunk_prompt, 1))
+            started = self.timer()
+            self._add(chunk_prompt, 1)
+            admitted_s = self.timer() - started
+            self._shaping_step(p.chunk_context)
+            step_s, log = self._timed_step(None)
+            return admitted_s + step_s, log
 
         warm = [step()[0] for _ in range(warmup)]
         group = 1 if not warm or idle_gap_s else min(max_group, max(1, math.ceil(

@@ -266,9 +266,9 @@ def test_wall_clock_sleeps_then_spins_and_cpu_clock_skips_idle(
 @pytest.mark.parametrize("context", [0, 32])
 def test_a_prefill_after_idling_is_timed_from_its_requests_arrival(
         context: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """As a replay's first step after idling starts at the arrival and admits it: a fresh
-    prompt is added after the idle wait, inside the timing; a chunk on a context continues
-    a prompt admitted (and shaped) before the wait."""
+    """As a replay's first step after idling starts at the arrival and admits it: the prompt
+    is added after the idle wait, inside the timing; on a context (a cached prefix), the
+    context is shaped after the admission, off the clock."""
     import calibrate.shaping as shaping
 
     events: list[str] = []
@@ -293,7 +293,7 @@ def test_a_prefill_after_idling_is_timed_from_its_requests_arrival(
     run = PointRun(build_rig(settings_), point, settings_.steps_per_point, timer)
     _, _, logs = run.run(warmup=1, repeats=2, sample_s=0.02, max_group=4, idle_gap_s=0.05)
     per_step = ["wait", "timer", "add", "timer"] if not context else \
-        ["add", "wait", "timer", "timer"]
+        ["wait", "timer", "add", "timer", "timer", "timer"]
     assert events == per_step * 3
     assert all(shape_matches(point, log) for log in logs)
     # back to back (no idle gap), the next repeat's request arrives during each timed step
