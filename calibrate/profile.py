@@ -167,13 +167,15 @@ def profile_engine(settings: ProfileSettings, out_dir: str | Path, show_progress
             rows, skipped, measure_s, points_s = _measure_grid(rig, grid, settings,
                                                                show_progress, between_passes)
         threads = torch.get_num_threads()
+    idle = (f"prefill-only steps timed after a {settings.idle_gap_s * 1e3:g} ms idle wait, from "
+            "their request's arrival" if settings.clock == "wall" and settings.idle_gap_s
+            else "prefill-only steps timed back to back")
     notes = (f"torch_threads={threads}; clock={settings.clock}; malloc={malloc}; "
              f"warmup {settings.warmup}, "
              f"repeats {settings.repeats} samples, each the mean of up to "
              f"{settings.max_group} consecutive steps lasting "
              f"~{settings.sample_seconds * 1e3:g} ms, over {settings.num_passes} pass(es); "
-             f"prefill-only steps timed after a {settings.idle_gap_s * 1e3:g} ms idle wait, "
-             f"from their request's arrival; "
+             f"{idle}; "
              f"{len(rows)} of {len(grid)} grid points in {measure_s:.0f} s"
              + (f" (budget {settings.budget_s:g} s)" if settings.budget_s else "")
              + "; wall = the engine's whole step cycle (Engine.step + Engine.record)"
