@@ -140,23 +140,23 @@ def test_simulator_fed_the_wall_clock_engines_step_times_lands_on_its_timestamps
 def test_recorded_steps_catch_a_world_that_differs() -> None:
     sc = scenario()
     run = replay_scenario(sc, show_progress=False)
-    requests = list(make_requests(sc.workload, sc.seed))
 
     def simulate_with(steps: list) -> pd.DataFrame:  # noqa: ANN001
         recorder = SpyRecorder()
         kv = build_block_manager(sc, kv_budget(sc))
-        simulate_fleet(iter(requests), [ReplicaSetup(build_scheduler(sc, kv),
+        simulate_fleet(make_requests(sc.workload, sc.seed), [ReplicaSetup(build_scheduler(sc, kv),
                                                      RecordedSteps(steps), recorder, kv)],
                        None, None, recorder)
         return recorder.requests_frame()
 
-    # one step 1 us longer moves the timestamps after it: the comparison is exact
+    assert simulate_with(list(run.steps)).equals(run.result.recorder.requests_frame())
+    # the last step 1 us longer moves the last finish: the comparison is exact
     steps = list(run.steps)
-    steps[3] = dataclasses.replace(steps[3], duration_s=steps[3].duration_s + 1e-6)
+    steps[-1] = dataclasses.replace(steps[-1], duration_s=steps[-1].duration_s + 1e-6)
     assert not simulate_with(steps).equals(run.result.recorder.requests_frame())
-    # another scenario's steps: the simulator plans a shape the engine never ran
-    with pytest.raises(Diverged, match="the simulator planned"):
-        resimulate(scenario(kv={"num_blocks": 200}), None, run.steps)
+    # another workload's steps (other prompt lengths): its first step is another shape
+    with pytest.raises(Diverged, match="step 1: the simulator planned"):
+        resimulate(scenario(seed=4), None, run.steps)
     with pytest.raises(Diverged, match="the engine ran"):
         resimulate(sc, None, run.steps + run.steps[-1:])
 
