@@ -12,8 +12,10 @@ report), OUT_DIR/summary.md and summary.json (both fidelity tables, the
 device, versions and timings), and the fidelity tables are printed.
 
 The time guard: phases get budgets from what is left of `--deadline-s`; a
-validation that cannot finish in time is skipped; and an alarm at the
-deadline (repeated until it lands) stops whatever runs, writes the summary so far and exits with 3.
+validation that cannot finish in time is skipped; the deadline is checked
+before every model and phase, and once it has passed the run stops there,
+writes the summary so far and exits with 3. A SIGALRM at the deadline is only
+the backstop for a phase that overruns its budget (repeated until it lands).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +98,25 @@ class Alarm:
         raise TimeUp
 
 
+class Deadline:
+    """The time guard's clock: `check()` at safe points raises TimeUp once the deadline has
+    passed. `clock` (seconds) is the monotonic clock, or a test's fake one."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.seconds = seconds
+        self.at_s = clock() + seconds
+        self.fired = False
+
+    def left_s(self) -> float:
+        return self.at_s - self.clock()
+
+    def check(self) -> None:
+        if self.left_s() <= 0:
+            self.fired = True
+            raise TimeUp
+
+
 def find_trace(explicit: str | None) -> tuple[str, str]:
     """(workload trace path, what it is): `--trace FILE`, else the shipped Azure trace."""
     if explicit is None:
@@ -138,8 +160,9 @@ def _free_device() -> None:
 
 
 def run_model(model: str, budget_s: float, plan: Plan, trace: str, out: Path,
-              deadline: float, log: dict[str, Any]) -> None:
-    """Profile, fit and validate one model; fills `log` as each phase ends."""
+              guard: Deadline, log: dict[str, Any]) -> None:
+    """Profile, fit and validate one model; fills `log` as each phase ends, and checks the
+    guard before each phase starts."""
     table = out / model / "table"
     started = time.perf_counter()
     settings = ProfileSettings(model=model, device=plan.device, block_size=16,
@@ -148,12 +171,14 @@ def run_model(model: str, budget_s: float, plan: Plan, trace: str, out: Path,
                                budget_s=max(1.0, budget_s), repeats=plan.repeats,
                                passes=plan.passes)
     log["phase"] = "profile"
+    guard.check()
     result = profile_engine(settings, table, show_progress=True)
     _free_device()
     log["profile"] = {"points": len(result.measurements), "grid_points": result.grid_points,
                       "measure_s": result.measure_s, "setup_s": result.setup_s,
                       "device": result.metadata.device_name, "table": str(table)}
     log["phase"] = "fit"
+    guard.check()
     report = fit_table(table)
     print(f"\n== {model}: fit ==\n{format_report(report)}", flush=True)
     log["fit"] = [{"kind": e.kind, "held_out": e.points, "mean_ape_pct": e.mean_ape_pct,
@@ -162,12 +187,13 @@ def run_model(model: str, budget_s: float, plan: Plan, trace: str, out: Path,
     span_s = max((r.arrival_s for r in make_requests(scenario.workload, scenario.seed)),
                  default=0.0)
     need_s = span_s * 1.3 + plan.validate_overhead_s
-    left_s = deadline - time.perf_counter()
+    log["phase"] = "validate"
+    guard.check()
+    left_s = guard.left_s()
     if need_s > left_s:
         log["validate"] = f"skipped: needs about {need_s:.0f} s, {left_s:.0f} s left"
         print(f"== {model}: validation {log['validate']}", flush=True)
         return
-    log["phase"] = "validate"
     fidelity = validate(scenario, None, table, show_progress=True)
     write_report(fidelity, out / model / "fidelity", plots=True)
     log["validate"] = report_dict(fidelity)
@@ -206,7 +232,9 @@ def write_summary(out: Path, logs: dict[str, dict[str, Any]], info: dict[str, An
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, clock: Callable[[], float] | None = None) -> int:
+    """The script; `clock` None = the monotonic clock with the SIGALRM backstop, else that
+    clock alone (tests: a fake clock makes the guard's decisions independent of speed)."""
     parser = argparse.ArgumentParser(prog="python -m calibrate.gpu_check",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("out", help="output directory")
@@ -231,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     deadline_s = args.deadline_s or (240.0 if args.smoke else 450.0)
-    deadline = started + deadline_s
+    guard = Deadline(deadline_s, clock or time.perf_counter)
     info: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if plan.device == "cuda" else "cpu (smoke)",
         "torch": torch.__version__, "cuda": torch.version.cuda, "trace": trace_note,
@@ -239,23 +267,29 @@ def main(argv: list[str] | None = None) -> int:
         "deadline_s": deadline_s}
     logs: dict[str, dict[str, Any]] = {}
     alarm = Alarm()
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, deadline_s)
+    previous = signal.signal(signal.SIGALRM, alarm) if clock is None else None
+    if clock is None:
+        signal.setitimer(signal.ITIMER_REAL, deadline_s)
     try:
         for i, (model, budget_s) in enumerate(plan.models):
+            logs[model] = {"phase": "profile"}
+            guard.check()
             later = sum(b + plan.validate_overhead_s + 60 for _, b in plan.models[i + 1:])
-            budget = min(budget_s, deadline - time.perf_counter() - later - 90)
-            logs[model] = {}
-            run_model(model, budget, plan, trace, out, deadline, logs[model])
+            budget = min(budget_s, guard.left_s() - later - 90)
+            run_model(model, budget, plan, trace, out, guard, logs[model])
+            logs[model].pop("phase", None)
     except TimeUp:
         pass
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        if clock is None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
     code = 0
-    if alarm.fired:
-        phase = next((f"{m} {log.get('phase')}" for m, log in reversed(logs.items())), "setup")
-        info["stopped"] = f"stopped by the {deadline_s:.0f} s time guard during {phase}"
+    if alarm.fired or guard.fired:
+        phase = next((f"{m} {log['phase']}" for m, log in reversed(logs.items())
+                      if "phase" in log), "setup")
+        when = "during" if alarm.fired and not guard.fired else "before"
+        info["stopped"] = f"stopped by the {deadline_s:.0f} s time guard {when} {phase}"
         print(f"\n{info['stopped']}", file=sys.stderr)
         code = 3
     info["elapsed_s"] = time.perf_counter() - started

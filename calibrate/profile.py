@@ -77,8 +77,11 @@ class ProfileSettings:
     max_group: int = 8  # most steps one sample averages
     # a prefill-only step (nothing else running) is, in serving, the first after an idle
     # wait; on a shared host such a step runs slower (caches gone cold), so it is timed after
-    # this long an idle wait (the engine's own), as a replay runs it; 0 = back to back
-    idle_gap_s: float = 0.02
+    # this long an idle wait (the engine's own), as a replay runs it; 0 = back to back.
+    # 50 ms: near the slow-down's plateau (a replay at moderate load idles ~0.1 s before a
+    # request), while the waits stay a modest share of a profile (one per sample of each
+    # prefill-only point: 72 of the default grid's 273 points)
+    idle_gap_s: float = 0.05
     threads: int | None = 1  # CPU torch threads (1 is steady on a shared machine); None = torch's
     clock: str = "wall"  # "cpu": time the CPU engine by its thread's CPU time (see ThreadCpuClock)
     dtype: str = "auto"
@@ -164,12 +167,15 @@ def profile_engine(settings: ProfileSettings, out_dir: str | Path, show_progress
             rows, skipped, measure_s, points_s = _measure_grid(rig, grid, settings,
                                                                show_progress, between_passes)
         threads = torch.get_num_threads()
+    idle = (f"prefill-only steps timed after a {settings.idle_gap_s * 1e3:g} ms idle wait, from "
+            "their request's arrival" if settings.clock == "wall" and settings.idle_gap_s
+            else "prefill-only steps timed back to back")
     notes = (f"torch_threads={threads}; clock={settings.clock}; malloc={malloc}; "
              f"warmup {settings.warmup}, "
              f"repeats {settings.repeats} samples, each the mean of up to "
              f"{settings.max_group} consecutive steps lasting "
              f"~{settings.sample_seconds * 1e3:g} ms, over {settings.num_passes} pass(es); "
-             f"prefill-only steps timed after a {settings.idle_gap_s * 1e3:g} ms idle wait; "
+             f"{idle}; "
              f"{len(rows)} of {len(grid)} grid points in {measure_s:.0f} s"
              + (f" (budget {settings.budget_s:g} s)" if settings.budget_s else "")
              + "; wall = the engine's whole step cycle (Engine.step + Engine.record)"

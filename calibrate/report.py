@@ -47,6 +47,51 @@ def step_errors(steps: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def ttft_components(requests: pd.DataFrame) -> dict[str, float]:
+    """One run's TTFT taken apart (ms medians, from a RunRecorder's requests frame).
+
+    A request either found the engine idle, so its first step started at its arrival
+    and its TTFT is that step (a first step after idling), or it waited behind running
+    steps (`queued_wait_ms`: arrival to its first step) and was then prefilled
+    (`queued_prefill_ms`: its first step's start to its first token, chunks included).
+    """
+    done = requests[requests["first_token_s"].notna()]
+    wait_s = done["first_scheduled_s"] - done["arrival_s"]
+    idle, queued = done[wait_s <= 0], done[wait_s > 0]
+    prefill_ms = (queued["first_token_s"] - queued["first_scheduled_s"]) * 1e3
+
+    def median(values: pd.Series) -> float:
+        return float(values.median()) if len(values) else math.nan
+
+    return {"ttft_ms": median((done["first_token_s"] - done["arrival_s"]) * 1e3),
+            "idle_requests": float(len(idle)),
+            "idle_ttft_ms": median((idle["first_token_s"] - idle["arrival_s"]) * 1e3),
+            "queued_requests": float(len(queued)),
+            "queued_wait_ms": median(wait_s[wait_s > 0] * 1e3),
+            "queued_prefill_ms": median(prefill_ms)}
+
+
+_COMPONENTS = (("ttft_ms", "TTFT p50, all requests (ms)"),
+               ("idle_requests", "requests that found the engine idle"),
+               ("idle_ttft_ms", "their TTFT p50: the first step after idling (ms)"),
+               ("queued_requests", "requests that waited behind running steps"),
+               ("queued_wait_ms", "their wait for a first step, p50 (ms)"),
+               ("queued_prefill_ms", "their first step to first token, p50 (ms)"))
+
+
+def components_markdown(fidelity: Fidelity) -> str:
+    """TTFT component by component, engine against the simulator with the table."""
+    engine = ttft_components(fidelity.engine.recorder.requests_frame())
+    table = ttft_components(fidelity.table.recorder.requests_frame())
+    lines = ["| TTFT component | engine | simulator (table) |", "| --- | ---: | ---: |"]
+    for key, label in _COMPONENTS:
+        fmt = "{:.0f}" if key.endswith("requests") else "{:.2f}"
+        cells = ["n/a" if not math.isfinite(v) else fmt.format(v)
+                 for v in (engine[key], table[key])]
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
 def _num(value: float, unit: str) -> str:
     if not math.isfinite(value):
         return "n/a"
@@ -93,6 +138,9 @@ def report_dict(fidelity: Fidelity) -> dict[str, Any]:
                      "roofline": m.roofline, "roofline_error_pct": m.roofline_error_pct}
                     for m in fidelity.metrics],
         "steps": step_errors(fidelity.steps).to_dict(orient="records"),
+        "ttft_components": {
+            "engine": ttft_components(fidelity.engine.recorder.requests_frame()),
+            "table": ttft_components(fidelity.table.recorder.requests_frame())},
         "info": fidelity.info,
     })
 
@@ -108,7 +156,9 @@ def markdown(fidelity: Fidelity, plots: bool = True) -> str:
         f"requests of `{scenario.name}` on the wall clock; the simulator replayed the same "
         f"requests with the calibration table `{fidelity.table_dir.name}` "
         f"({meta.model_spec.name}, {meta.dtype}, block size {meta.block_size}, profiled "
-        f"{meta.created}, commit {str(meta.engine_commit)[:12]}) and with the roofline model.",
+        f"{meta.created}, commit {str(meta.engine_commit)[:12]}) and with the roofline model. "
+        f"Validated at commit {str(info.get('commit', 'unknown'))[:12]} on "
+        f"{meta.device_name}: a CPU table belongs to the machine that measured it.",
         *(["", f"The replay ran {info['bracketed']}, so the table averages the machine's "
               "speed around it."] if info.get("bracketed") else []),
         *(["", _speculation(info["speculation"])] if info.get("speculation") else []),
@@ -117,6 +167,9 @@ def markdown(fidelity: Fidelity, plots: bool = True) -> str:
         "Error = (simulator - engine) / engine. Per engine step, each model's prediction for "
         "the step's shape against its measured duration (the whole step cycle):", "",
         steps_markdown(step_errors(fidelity.steps)), "",
+        "TTFT taken apart (a step after an idle wait starts at the arrival it waited for, in "
+        "both worlds):", "", components_markdown(fidelity), "",
+        _world(info.get("world_check")), "",
         f"Machine load (1/5/15-min averages) before the engine run "
         f"{_load(info.get('load_avg_before'))}, after {_load(info.get('load_avg_after'))}; "
         f"engine replay {info.get('engine_wall_s', math.nan):.1f} s over "
@@ -139,6 +192,14 @@ def _speculation(spec: dict[str, float]) -> str:
                else "")
             + f"; the simulator drew {drew}, so the comparison is of timing, not of an "
             "acceptance guess.")
+
+
+def _world(check: str | None) -> str:
+    if check == "exact":
+        return ("The simulator fed the engine's own measured step times reproduces every "
+                "request's timestamps exactly, so the errors above are the table's step "
+                "errors alone.")
+    return f"The simulator fed the engine's own step times: {check or 'not checked'}."
 
 
 def _load(values: Any) -> str:

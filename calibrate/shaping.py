@@ -73,9 +73,17 @@ class PointRun:
             self.engine.runner = self.runner
             scheduler.max_num_batched_tokens = self.budget  # type: ignore[attr-defined]
 
-    def _timed_step(self, arrivals: Callable[[float], None] | None) -> tuple[float, StepLog]:
+    def _timed_step(self, arrivals: Callable[[float], None] | None,
+                    admit: tuple[int, int] | None = None) -> tuple[float, StepLog]:
+        """`Engine.step` + `Engine.record`, timed; `admit` (prompt, output tokens): a request
+        admitted first, inside the timing, and the step started when it arrived."""
         started = self.timer()
-        outcome = self.engine.step(arrivals)
+        if admit is not None:
+            arrived_s = self.engine.clock.now()
+            self._add(*admit)
+            outcome = self.engine.step(arrivals, start_s=arrived_s)
+        else:
+            outcome = self.engine.step(arrivals)
         if outcome is None:
             raise RuntimeError("profile: nothing to schedule for a timed step")
         self.engine.record(*outcome, self.recorder)
@@ -96,20 +104,32 @@ class PointRun:
             self.engine.drafter = NgramDrafter()
             self.engine.scheduler.speculative_tokens = p.spec_tokens  # type: ignore[attr-defined]
         chunk_prompt = p.chunk_context + p.chunk_tokens
+        idle_gap_s = idle_gap_s if not p.num_decodes else 0.0
 
         def arrive(_now_s: float) -> None:
             self._add(chunk_prompt, 1)  # the next repeat's chunk arrives during this step
 
-        if p.chunk_tokens:
+        if p.chunk_tokens and not idle_gap_s:
             self._add(chunk_prompt, 1)
-        idle_gap_s = idle_gap_s if not p.num_decodes else 0.0
 
         def step() -> tuple[float, StepLog]:
-            if p.chunk_tokens and p.chunk_context:
-                self._shaping_step(p.num_decodes + p.chunk_context)
-            if idle_gap_s:  # idle as a validation replay idles: spinning (WallClock(inf))
-                WallClock(spin_s=math.inf).wait_until(idle_gap_s)
-            return self._timed_step(arrive if p.chunk_tokens else None)
+            if not idle_gap_s:
+                if p.chunk_tokens and p.chunk_context:
+                    self._shaping_step(p.num_decodes + p.chunk_context)
+                return self._timed_step(arrive if p.chunk_tokens else None)
+            # idle as a validation replay idles (spinning: WallClock(inf)); then a prompt
+            # arrives and is admitted inside the timing, as a replay's first step after idling
+            # starts at its arrival. On a context (a cached prefix), the context is shaped
+            # between the admission and the step, off the clock.
+            WallClock(spin_s=math.inf).wait_until(idle_gap_s)
+            if not p.chunk_context:
+                return self._timed_step(None, admit=(chunk_prompt, 1))
+            started = self.timer()
+            self._add(chunk_prompt, 1)
+            admitted_s = self.timer() - started
+            self._shaping_step(p.chunk_context)
+            step_s, log = self._timed_step(None)
+            return admitted_s + step_s, log
 
         warm = [step()[0] for _ in range(warmup)]
         group = 1 if not warm or idle_gap_s else min(max_group, max(1, math.ceil(

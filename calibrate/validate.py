@@ -27,6 +27,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from calibrate.recorded import Diverged, resimulate
+from calibrate.rig import git_commit
 from gpu_engine.engine import StepLog
 from gpu_engine.host import torch_threads
 from gpu_engine.replay import replay_scenario
@@ -163,7 +165,7 @@ def run_engine(scenario: Scenario, base_dir: Path | None, device: str = "cpu",
     info = {"torch_threads": used_threads, "clock": clock, "malloc": run.malloc,
             "load_avg_before": load_before,
             "load_avg_after": os.getloadavg(), "engine_setup_s": run.setup_s,
-            "engine_wall_s": result.wall_s, "engine_steps": len(steps),
+            "engine_wall_s": result.wall_s, "engine_steps": len(steps), "commit": git_commit(),
             "torch_version": torch.__version__, "engine": result.latency_name}
     return EngineReplay(result, steps, info)
 
@@ -196,10 +198,25 @@ def compare(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
                         build_latency(with_roofline, base_dir))
     info = {**replay.info, "table_model": table_run.latency_name,
             "roofline_model": roofline_run.latency_name,
+            "world_check": world_check(scenario, base_dir, replay),
             "table_torch_version": loaded.metadata.torch_version,
             **({"speculation": speculation} if speculation else {})}
     return Fidelity(scenario, table_dir, loaded.metadata, metrics, engine_run, table_run,
                     roofline_run, frame, info)
+
+
+def world_check(scenario: Scenario, base_dir: Path | None, replay: EngineReplay) -> str:
+    """"exact" when the simulator, fed the engine's own step times, puts every request on the
+    engine's very timestamps (calibrate.recorded); else what differed. Anything else a
+    report shows is then the latency model's error on steps, not the world's."""
+    try:
+        again = resimulate(scenario, base_dir, replay.steps).requests_frame()
+    except Diverged as err:
+        return f"diverged: {err}"
+    engine = replay.result.recorder.requests_frame()
+    if again.equals(engine):
+        return "exact"
+    return f"differs: {len(engine)} engine requests, {len(again)} simulated"
 
 
 def engine_acceptance(summary: dict[str, Any], requests: pd.DataFrame | None = None

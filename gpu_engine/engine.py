@@ -5,8 +5,12 @@ It follows the step contract of DESIGN.md exactly as the SimPy world does
 latencies: arrivals that happen by the end of a step are added (each at its
 own arrival instant) before `on_step_done`, and are seen by the next
 `schedule()`; `close()` follows the last arrival; an idle engine waits for
-the next arrival or the scheduler's wakeup. Arrival instants are accumulated
-the way SimPy does (previous arrival + gap), so even float rounding agrees.
+the next arrival or the scheduler's wakeup, and the step after the wait starts
+at that instant (the arrival's admission and the wait's lateness are part of
+the step). Arrival instants are accumulated the way SimPy does (previous
+arrival + gap) and a step ends at start + duration, so even float rounding
+agrees: the simulator fed a wall-clock replay's step durations reproduces its
+timestamps exactly (calibrate/recorded.py).
 
 Time comes from a clock: the wall clock (real serving, arrivals replayed in
 real time) or a virtual clock that a latency model advances by each step's
@@ -129,7 +133,7 @@ class Engine:
     steps: list[StepLog] = field(default_factory=list, init=False)
     _seqs: dict[int, _Sequence] = field(default_factory=dict, init=False)
     _events: list[TokenEvent] = field(default_factory=list, init=False)
-    _busy_end_s: float | None = field(default=None, init=False)  # wall clock: last step's end
+    _busy_end_s: float | None = field(default=None, init=False)  # last step's end, if busy
 
     def __post_init__(self) -> None:
         self.clock = VirtualClock() if self.latency is not None else WallClock()
@@ -167,21 +171,23 @@ class Engine:
         return out
 
     # -- steps -------------------------------------------------------------------
-    def step(self, arrivals: Callable[[float], None] | None = None
-             ) -> tuple[StepPlan, list[Request]] | None:
+    def step(self, arrivals: Callable[[float], None] | None = None,
+             start_s: float | None = None) -> tuple[StepPlan, list[Request]] | None:
         """Run one step; None when nothing is runnable now.
 
         `arrivals(t)` is called once the step is over, before the scheduler
         learns its result, to add every request that arrived by `t`.
+        `start_s`: when the step begins on the engine's clock (replay passes the
+        arrival or wakeup an idle wait was for); None = where the last step ended
+        (back to back), or now after an idle spell.
         """
         started = time.perf_counter()
-        start_s = self.clock.now()
-        if self._busy_end_s is not None:
+        if start_s is None:
             # Back to back on the wall clock: this step began when the last one ended, so
             # the host work between them (its bookkeeping, the caller's recording) is
             # charged here and recorded durations tile the busy time, as simulated steps
             # do; a calibration table predicts this whole cycle.
-            start_s = self._busy_end_s
+            start_s = self.clock.now() if self._busy_end_s is None else self._busy_end_s
         plan = self.scheduler.schedule(start_s)
         if plan is None:
             self._busy_end_s = None
@@ -190,11 +196,13 @@ class Engine:
         token_ids, counts, device_s = self._execute(plan)
         if self.latency is not None:
             duration_s = self.latency.step_time(plan.shape)
-            self.clock.t_s = start_s + duration_s
-            end_s = self.clock.t_s
         else:
-            end_s = self._busy_end_s = self.clock.now()
-            duration_s = end_s - start_s
+            duration_s = self.clock.now() - start_s
+        # the end as SimPy reckons it (start + duration), so a simulation fed these durations
+        # lands on the very same floats
+        end_s = self._busy_end_s = start_s + duration_s
+        if self.latency is not None:
+            self.clock.t_s = end_s
         if arrivals is not None:
             arrivals(end_s)
         self._emit(plan, token_ids, counts, end_s)
@@ -366,21 +374,29 @@ class Engine:
                 state["closed"] = True
                 self.scheduler.close(state["t_s"])
 
-        admit_until(self.clock.now())
+        # The engine's time as the simulator keeps it: the end of the last step, or the
+        # arrival or wakeup an idle wait was for. A step after an idle wait starts at that
+        # instant, so the arrival's admission and the wait's lateness count in the step (and
+        # in TTFT, which runs from the arrival) and arrivals after it are seen next step, as
+        # in the simulator; the clock then only has to catch up with it.
+        now_s = 0.0
+        admit_until(now_s)
         while True:
-            outcome = self.step(admit_until)
+            outcome = self.step(admit_until, start_s=now_s)
             if outcome is not None:
                 self.record(*outcome, recorder, on_done)
+                now_s = self.steps[-1].start_s + self.steps[-1].duration_s
                 continue
             nxt = next_arrival()
-            wakeup_s = self.scheduler.next_wakeup(self.clock.now())
+            wakeup_s = self.scheduler.next_wakeup(now_s)
             if nxt is None and wakeup_s is None:
                 if not state["closed"]:
-                    admit_until(self.clock.now())
+                    admit_until(now_s)
                     continue
-                return self.clock.now()
-            targets = [t for t in (wakeup_s, None if nxt is None else
-                                   state["t_s"] + max(0.0, nxt.arrival_s - state["t_s"]))
-                       if t is not None]
-            self.clock.wait_until(min(targets))
-            admit_until(self.clock.now())
+                return now_s
+            targets = [] if wakeup_s is None else [now_s + max(0.0, wakeup_s - now_s)]
+            if nxt is not None:  # as SimPy adds the gap to the last arrival
+                targets.append(state["t_s"] + max(0.0, nxt.arrival_s - state["t_s"]))
+            now_s = min(targets)
+            self.clock.wait_until(now_s)
+            admit_until(now_s)

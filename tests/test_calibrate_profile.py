@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calibrate.grid import (
+torch = pytest.importorskip("torch")  # the profiler runs the engine
+
+from calibrate.grid import (  # noqa: E402
     SPEC_TOKENS,
     GridLimits,
     GridPoint,
@@ -22,14 +23,16 @@ from calibrate.grid import (
     evenly,
     plan_within,
 )
-from calibrate.profile import ProfileSettings, profile_engine
-from gpu_engine.engine import WallClock
-from gpu_engine.host import ThreadCpuClock
-from gpu_engine.replay import replay_scenario
-from sim.cli import main
-from sim.latency.table_format import read_measurements, read_metadata
-from sim.scenario import load_scenario
-from sim.specs import get_model
+from calibrate.profile import ProfileSettings, profile_engine  # noqa: E402
+from calibrate.rig import build_rig  # noqa: E402
+from calibrate.shaping import PointRun, shape_matches  # noqa: E402
+from gpu_engine.engine import WallClock  # noqa: E402
+from gpu_engine.host import ThreadCpuClock  # noqa: E402
+from gpu_engine.replay import replay_scenario  # noqa: E402
+from sim.cli import main  # noqa: E402
+from sim.latency.table_format import read_measurements, read_metadata  # noqa: E402
+from sim.scenario import load_scenario  # noqa: E402
+from sim.specs import get_model  # noqa: E402
 
 LIMITS = GridLimits(256, 8, 512, 10**9, 20)
 
@@ -209,29 +212,93 @@ def test_replayed_step_durations_tile_the_busy_time() -> None:
     steps = run.steps
     assert len(steps) >= 6
     for prev, nxt in zip(steps, steps[1:], strict=False):
-        assert nxt.start_s == pytest.approx(prev.start_s + prev.duration_s, abs=1e-9)
-    busy = sum(s.duration_s for s in steps)
-    assert busy == pytest.approx(steps[-1].start_s + steps[-1].duration_s - steps[0].start_s)
+        # exactly: the step that follows starts at start + duration, the sum SimPy forms,
+        # or at a later arrival it idled until
+        assert nxt.start_s >= prev.start_s + prev.duration_s
+    back_to_back = [nxt.start_s == prev.start_s + prev.duration_s
+                    for prev, nxt in zip(steps, steps[1:], strict=False)]
+    assert sum(back_to_back) >= len(steps) // 2
+
+
+class FakeTime:
+    """perf_counter / thread_time / sleep on a clock that only sleeping (and a 1 us tick
+    per reading, so a spin ends) moves."""
+
+    def __init__(self) -> None:
+        self.t_s = 100.0
+        self.slept: list[float] = []
+
+    def now(self) -> float:
+        self.t_s += 1e-6
+        return self.t_s
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.t_s += seconds
 
 
 def test_wall_clock_sleeps_then_spins_and_cpu_clock_skips_idle(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import gpu_engine.engine as engine_module
+    import gpu_engine.host as host_module
 
-    slept: list[float] = []
-    monkeypatch.setattr(engine_module.time, "sleep", slept.append)  # record, do not sleep
+    fake = FakeTime()
+    monkeypatch.setattr(engine_module.time, "perf_counter", fake.now)
+    monkeypatch.setattr(engine_module.time, "sleep", fake.sleep)
     clock = WallClock()
     target = clock.now() + 0.05
     clock.wait_until(target)
     assert clock.now() >= target  # never early: the last stretch is spun
-    assert len(slept) == 1 and 0.04 < slept[0] <= 0.048  # asleep until ~2 ms before
-    slept.clear()
+    assert fake.slept == [pytest.approx(0.048, abs=1e-5)]  # asleep until 2 ms before
+    fake.slept.clear()
     spinner = WallClock(spin_s=math.inf)
     spinner.wait_until(spinner.now() + 0.01)
-    assert slept == []  # spins throughout: the core never idles
+    assert fake.slept == []  # spins throughout: the core never idles
+    monkeypatch.setattr(host_module.time, "thread_time", fake.now)
     cpu = ThreadCpuClock()
     before = cpu.now()
     cpu.wait_until(before + 100.0)  # no sleeping: the clock jumps
-    assert cpu.now() == pytest.approx(before + 100.0, abs=0.01)
+    assert fake.slept == [] and cpu.now() == pytest.approx(before + 100.0, abs=1e-5)
     cpu.wait_until(0.0)
-    assert cpu.now() >= before + 100.0 and math.isfinite(cpu.now())
+    assert cpu.now() >= before + 100.0
+
+
+@pytest.mark.parametrize("context", [0, 32])
+def test_a_prefill_after_idling_is_timed_from_its_requests_arrival(
+        context: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a replay's first step after idling starts at the arrival and admits it: the prompt
+    is added after the idle wait, inside the timing; on a context (a cached prefix), the
+    context is shaped after the admission, off the clock."""
+    import calibrate.shaping as shaping
+
+    events: list[str] = []
+
+    class Wait:
+        def __init__(self, spin_s: float) -> None:
+            pass
+
+        def wait_until(self, _t_s: float) -> None:
+            events.append("wait")
+
+    def timer() -> float:
+        events.append("timer")
+        return 0.0
+
+    add = shaping.PointRun._add
+    monkeypatch.setattr(shaping, "WallClock", Wait)
+    monkeypatch.setattr(shaping.PointRun, "_add",
+                        lambda self, *a: (events.append("add"), add(self, *a))[1])
+    settings_ = ProfileSettings(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=512)
+    point = GridPoint("prefill", 16, context)
+    run = PointRun(build_rig(settings_), point, settings_.steps_per_point, timer)
+    _, _, logs = run.run(warmup=1, repeats=2, sample_s=0.02, max_group=4, idle_gap_s=0.05)
+    per_step = ["wait", "timer", "add", "timer"] if not context else \
+        ["wait", "timer", "add", "timer", "timer", "timer"]
+    assert events == per_step * 3
+    assert all(shape_matches(point, log) for log in logs)
+    # back to back (no idle gap), the next repeat's request arrives during each timed step
+    events.clear()
+    run = PointRun(build_rig(settings_), GridPoint("prefill", 16), settings_.steps_per_point,
+                   timer)
+    run.run(warmup=1, repeats=2, sample_s=0.02, max_group=1, idle_gap_s=0.0)
+    assert events == ["add"] + ["timer", "add", "timer"] * 3

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from calibrate.recorded import Diverged, RecordedSteps, resimulate  # noqa: E402
 from gpu_engine.engine import Engine  # noqa: E402
 from gpu_engine.replay import replay_scenario  # noqa: E402
 from gpu_engine.sampling import SamplingParams  # noqa: E402
 from gpu_engine.setup import EngineSetupError, build_engine  # noqa: E402
 from sim.core.plan import StepPlan  # noqa: E402
 from sim.core.request import Request  # noqa: E402
-from sim.des import simulate  # noqa: E402
+from sim.des import ReplicaSetup, simulate, simulate_fleet  # noqa: E402
 from sim.metrics import RunRecorder  # noqa: E402
 from sim.run import build_block_manager, build_latency, build_scheduler, kv_budget  # noqa: E402
 from sim.scenario import Scenario  # noqa: E402
@@ -96,6 +99,68 @@ def test_virtual_clock_engine_makes_the_simulators_plans(sections: dict) -> None
     assert engine.kv.k[0].shape[0] == engine.scheduler.kv.num_blocks
 
 
+WORLDS = [
+    {},  # continuous, chunked prefill, a pool small enough to preempt
+    {"kv": {"num_blocks": 200}, "workload": {"arrivals": {"process": "poisson", "rate": 20.0},
+                                             "num_requests": 8}},  # arrivals find it idle
+    {"kv": {"prefix_caching": True},
+     "workload": {"shared_prefix": {"fraction": 0.8, "num_prompts": 2, "tokens": 24}}},
+    {"scheduler": {"policy": "dynamic", "batch_size": 4, "max_wait_ms": 5,
+                   "max_model_len": 100},
+     "kv": {"num_blocks": 200}},  # idle waits that end at the scheduler's wakeup
+    {"scheduler": {"policy": "static", "batch_size": 4, "max_model_len": 100},
+     "kv": {"num_blocks": 60}},
+    {"kv": {"num_blocks": 200}, "speculative": {"num_tokens": 3}},  # n-gram drafts
+]
+WORLD_IDS = ["continuous-preempting", "idle-arrivals", "prefix-cache", "dynamic", "static",
+             "speculative"]
+
+
+@pytest.mark.parametrize("sections", WORLDS, ids=WORLD_IDS)
+def test_simulator_fed_the_wall_clock_engines_step_times_lands_on_its_timestamps(
+        sections: dict) -> None:
+    """The world, not the machine: however fast or slow each step ran, the simulator given
+    the engine's measured durations makes the same plans and every request's arrival, first
+    schedule, first token and finish are the same floats (so a fidelity report's errors are
+    its latency model's step errors alone)."""
+    sc = scenario(**sections)
+    run = replay_scenario(sc, show_progress=False)  # the wall clock
+    engine = run.result.recorder.requests_frame()
+    simulated = resimulate(sc, None, run.steps).requests_frame()
+    assert len(engine) == sc.workload.num_requests
+    pd.testing.assert_frame_equal(simulated, engine, check_exact=True)
+    # each step began where the last ended or at the arrival or wakeup it idled until
+    for prev, nxt in zip(run.steps, run.steps[1:], strict=False):
+        assert nxt.start_s >= prev.start_s + prev.duration_s
+    if "arrivals" in sections.get("workload", {}):  # idle engine: the step starts at arrival
+        assert (engine["first_scheduled_s"] == engine["arrival_s"]).sum() >= 1
+    assert (engine["first_scheduled_s"] >= engine["arrival_s"]).all()
+
+
+def test_recorded_steps_catch_a_world_that_differs() -> None:
+    sc = scenario()
+    run = replay_scenario(sc, show_progress=False)
+
+    def simulate_with(steps: list) -> pd.DataFrame:  # noqa: ANN001
+        recorder = SpyRecorder()
+        kv = build_block_manager(sc, kv_budget(sc))
+        simulate_fleet(make_requests(sc.workload, sc.seed), [ReplicaSetup(build_scheduler(sc, kv),
+                                                     RecordedSteps(steps), recorder, kv)],
+                       None, None, recorder)
+        return recorder.requests_frame()
+
+    assert simulate_with(list(run.steps)).equals(run.result.recorder.requests_frame())
+    # the last step 1 us longer moves the last finish: the comparison is exact
+    steps = list(run.steps)
+    steps[-1] = dataclasses.replace(steps[-1], duration_s=steps[-1].duration_s + 1e-6)
+    assert not simulate_with(steps).equals(run.result.recorder.requests_frame())
+    # another workload's steps (other prompt lengths): its first step is another shape
+    with pytest.raises(Diverged, match="step 1: the simulator planned"):
+        resimulate(scenario(seed=4), None, run.steps)
+    with pytest.raises(Diverged, match="the engine ran"):
+        resimulate(sc, None, run.steps + run.steps[-1:])
+
+
 def serve_alone_and_together(sc: Scenario) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
     requests = list(make_requests(sc.workload, sc.seed))
     together: dict[int, list[int]] = {}
@@ -173,6 +238,9 @@ def test_wall_clock_replay_writes_the_simulators_result_files(tmp_path) -> None:
     requests = pd.read_csv(tmp_path / "requests.csv")
     arrival_gap = requests.first_token_s - requests.arrival_s
     assert (arrival_gap > 0).all()
+    # the steps' shapes, then their times, as calibration reads them
+    assert list(steps.columns[:2]) == ["start_s", "num_seqs"]
+    assert steps.duration_ms.to_numpy() == pytest.approx([s.duration_s * 1e3 for s in run.steps])
 
 
 def test_engine_refuses_what_it_cannot_run() -> None:

@@ -1,0 +1,82 @@
+"""The simulator on the engine's own step times: the world checked without the machine.
+
+An engine replay records every step's shape and duration (`Engine.steps`,
+`engine_steps.csv`). Fed those durations in order, the simulator must make
+the same plans and put every request on the same timestamps, to the last
+bit: both run the same scheduler, and the engine keeps its time the way
+SimPy does (a step after an idle wait starts at the arrival or wakeup it
+waited for, a step ends at start + duration, arrivals are the previous
+arrival + the gap). That check needs no quiet machine, so it can gate; and
+it is why a fidelity report's request-level errors are the table's step
+errors and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpu_engine.engine import StepLog
+from sim.core.plan import StepPlan, StepResult, StepShape
+from sim.des import ReplicaSetup, simulate_fleet
+from sim.metrics import RunRecorder
+from sim.run import build_block_manager, build_scheduler, kv_budget
+from sim.scenario import Scenario
+from sim.workload import make_requests
+
+
+class Diverged(RuntimeError):
+    """The simulator asked for a step the engine never ran: the two worlds disagree."""
+
+
+@dataclass(slots=True)
+class RecordedSteps:
+    """A latency model that answers the i-th step with the engine's i-th measured duration.
+
+    It refuses a shape other than the one the engine ran at that position, and
+    hands speculative steps the engine's own emitted counts, so a divergence is
+    caught at the first step where it happens.
+    """
+
+    steps: Sequence[StepLog]
+    name: str = "the engine's recorded step times"
+    _next: int = field(default=0, init=False)
+
+    def step_time(self, shape: StepShape) -> float:
+        if self._next >= len(self.steps):
+            raise Diverged(f"the simulator ran a step {self._next + 1} ({shape}); the engine "
+                           f"ran {len(self.steps)}")
+        log = self.steps[self._next]
+        if shape != log.shape:
+            raise Diverged(f"step {self._next + 1}: the simulator planned {shape}, the engine "
+                           f"ran {log.shape}")
+        self._next += 1
+        return log.duration_s
+
+    def emitted(self, _plan: StepPlan) -> StepResult:
+        """What the step just priced emitted per sequence on the engine (speculation)."""
+        return StepResult((), self.steps[self._next - 1].num_emitted)
+
+    @property
+    def unused(self) -> int:
+        return len(self.steps) - self._next
+
+
+def resimulate(scenario: Scenario, base_dir: Path | None, steps: Sequence[StepLog]
+               ) -> RunRecorder:
+    """Simulate `scenario`'s requests with the engine's recorded `steps` as step times.
+
+    Raises `Diverged` where a plan differs or the step counts do not match.
+    """
+    kv = build_block_manager(scenario, kv_budget(scenario))
+    latency = RecordedSteps(steps)
+    recorder = RunRecorder()
+    speculate = latency.emitted if scenario.speculative.num_tokens else None
+    setup = ReplicaSetup(build_scheduler(scenario, kv), latency, recorder, kv, speculate)
+    simulate_fleet(make_requests(scenario.workload, scenario.seed, base_dir), [setup], None,
+                   None, recorder)
+    if latency.unused:
+        raise Diverged(f"the engine ran {len(steps)} steps, the simulator "
+                       f"{len(steps) - latency.unused}")
+    return recorder
