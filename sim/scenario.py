@@ -469,6 +469,8 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
             child = node.get(part)
             if child is None:
                 child = node[part] = {}
+            elif part == "trace" and isinstance(child, str):  # `trace: FILE` is {path: FILE}
+                child = node[part] = {"path": child}
             if not isinstance(child, dict):
                 raise ScenarioError(f"--set {item!r}: {part!r} is {child!r}, not a section")
             node = child

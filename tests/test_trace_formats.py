@@ -169,6 +169,13 @@ def test_a_bare_trace_path_is_the_path_form() -> None:
     assert len(requests("azure_2023.csv")) == 5
 
 
+def test_set_reaches_into_a_bare_trace_path() -> None:
+    from sim.scenario import apply_overrides
+
+    raw = apply_overrides({"workload": {"trace": "x.csv"}}, ["workload.trace.time_scale=2"])
+    assert raw["workload"]["trace"] == {"path": "x.csv", "time_scale": 2}
+
+
 # ---------------------------------------------------------------- empirical lengths
 
 
