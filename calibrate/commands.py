@@ -109,7 +109,7 @@ def add_profile(commands: argparse._SubParsersAction) -> None:
 def _profile(args: argparse.Namespace) -> int:
     from calibrate.profile import ProfileSettings, profile_engine
     from gpu_engine.setup import EngineSetupError
-    from sim.specs import get_model
+    from sim.config.catalogue import get_model
 
     try:
         get_model(args.model)
@@ -152,7 +152,8 @@ def _profile_and_validate(args: argparse.Namespace, settings: ProfileSettings) -
     from calibrate.fit import format_report
     from calibrate.report import metrics_markdown, step_errors, steps_markdown, write_report
     from gpu_engine.setup import EngineSetupError
-    from sim.scenario import ScenarioError, load_scenario
+    from sim.config.loader import load_scenario
+    from sim.config.yaml_input import ScenarioError
 
     scenarios = []
     for path in args.validate:
@@ -218,8 +219,9 @@ def _validate(args: argparse.Namespace) -> int:
     from calibrate.report import metrics_markdown, step_errors, steps_markdown, write_report
     from calibrate.validate import validate_file
     from gpu_engine.setup import EngineSetupError
+    from sim.config.loader import load_scenario
+    from sim.config.yaml_input import ScenarioError
     from sim.latency.table_format import TableError
-    from sim.scenario import ScenarioError, load_scenario
 
     try:  # the report's directory is named after the scenario: check it before the replay
         name = load_scenario(args.scenario, args.overrides)[0].name

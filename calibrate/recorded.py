@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_engine.engine import StepLog
+from sim.config.scenario import Scenario
 from sim.core.plan import StepPlan, StepResult, StepShape
 from sim.des import ReplicaSetup, simulate_fleet
 from sim.metrics import RunRecorder
 from sim.run import build_block_manager, build_scheduler, kv_budget
-from sim.scenario import Scenario
 from sim.workload import make_requests
 
 

@@ -22,11 +22,13 @@ from gpu_engine.kv_cache import PagedKVCache
 from gpu_engine.model import LlamaModel, build_model
 from gpu_engine.runner import ModelRunner
 from gpu_engine.setup import available_memory_bytes, resolve_device, resolve_dtype
+from sim.config.catalogue import get_model
+from sim.config.costs import activation_reserve_bytes, kv_bytes_per_token
+from sim.config.specs import ModelSpec
 from sim.core.kv import PagedBlockManager
 from sim.core.schedulers import SchedulerSettings
 from sim.core.schedulers import build_scheduler as build_policy
 from sim.latency.table_format import TableMetadata
-from sim.specs import ModelSpec, activation_reserve_bytes, get_model, kv_bytes_per_token
 
 if TYPE_CHECKING:
     from calibrate.profile import ProfileSettings

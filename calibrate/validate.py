@@ -32,16 +32,13 @@ from calibrate.rig import git_commit
 from gpu_engine.engine import StepLog
 from gpu_engine.host import torch_threads
 from gpu_engine.replay import replay_scenario
+from sim.config.loader import load_scenario
+from sim.config.scenario import Scenario
+from sim.config.sections import LatencyConfig
+from sim.config.speculative import BetaAlphaConfig, FixedAlphaConfig
 from sim.latency import LatencyModel
 from sim.latency.table_format import TableMetadata, load_table, step_kind
 from sim.run import RunResult, build_latency, run_scenario
-from sim.scenario import (
-    BetaAlphaConfig,
-    FixedAlphaConfig,
-    LatencyConfig,
-    Scenario,
-    load_scenario,
-)
 from sim.speculative import alpha_for_tokens_per_step
 
 # (summary key, label, unit): the metrics the fidelity report compares

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from sim.config.costs import activation_reserve_bytes, kv_bytes_per_token
+from sim.config.specs import ModelSpec
 from sim.core.kv import num_kv_blocks
-from sim.specs import ModelSpec, activation_reserve_bytes, kv_bytes_per_token
 
 
 class PagedKVCache:

@@ -25,7 +25,7 @@ from torch import nn
 from gpu_engine.attention import PrefillLayout, paged_attention, prefill_layout
 from gpu_engine.inputs import StepInputs
 from gpu_engine.kv_cache import PagedKVCache
-from sim.specs import ModelSpec, RopeScaling
+from sim.config.specs import ModelSpec, RopeScaling
 
 _NOISE_STD = 0.02  # random biases, and norm weights' spread around 1
 

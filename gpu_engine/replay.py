@@ -22,12 +22,12 @@ from gpu_engine.host import ThreadCpuClock, frozen_gc, steady_malloc
 from gpu_engine.runner import ModelRunner, block_width_bucket
 from gpu_engine.sampling import SamplingParams
 from gpu_engine.setup import EngineSetup, build_engine
+from sim.config.scenario import Scenario
 from sim.core.request import Request
 from sim.des import ReplicaSetup
 from sim.latency import LatencyModel
 from sim.metrics import RunRecorder
 from sim.run import RunResult, summarize
-from sim.scenario import Scenario
 from sim.workload import make_requests
 
 

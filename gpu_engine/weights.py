@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from gpu_engine.model import LlamaModel
-from sim.specs import ModelSpec, RopeScaling
+from sim.config.specs import ModelSpec, RopeScaling
 
 _INDEX_FILE = "model.safetensors.index.json"
 _SINGLE_FILE = "model.safetensors"

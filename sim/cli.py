@@ -28,10 +28,11 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from sim.config.loader import load_scenario
+    from sim.config.yaml_input import ScenarioError
     from sim.metrics import format_summary
     from sim.output_dir import OutputDirError, Staging, variant_dir
     from sim.run import run_scenario
-    from sim.scenario import ScenarioError, load_scenario
 
     try:
         scenario, base_dir = load_scenario(args.scenario, args.overrides)
@@ -104,8 +105,8 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from sim.config.yaml_input import ScenarioError
     from sim.output_dir import OutputDirError, Staging
-    from sim.scenario import ScenarioError
     from sim.sweep import (
         SHORT_METRICS,
         Backend,
@@ -151,8 +152,8 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
 
 def _compare(args: argparse.Namespace) -> int:
     from sim.compare import format_compare, load_spec, run_compare, write_compare
+    from sim.config.yaml_input import ScenarioError
     from sim.output_dir import OutputDirError, Staging
-    from sim.scenario import ScenarioError
     from sim.sweep import Backend, SweepError
 
     try:

@@ -19,16 +19,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sim.scenario import (
-    DEFAULT_WORKLOAD,
-    NAME_PATTERN,
-    Scenario,
-    ScenarioError,
-    apply_overrides,
-    read_scenario_raw,
-    validate_scenario,
-)
-from sim.scenario_input import read_yaml
+from sim.config.loader import apply_overrides, read_scenario_raw, validate_scenario
+from sim.config.scenario import DEFAULT_WORKLOAD, NAME_PATTERN, Scenario
+from sim.config.yaml_input import ScenarioError, read_yaml
 from sim.sweep import SweepError, Task, override
 
 SUSTAIN_RATIO = 0.9  # achieved >= 90% of the offered rate = sustained

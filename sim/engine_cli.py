@@ -100,8 +100,9 @@ def replay_dir(name: str, overrides: list[str], device: str | None, virtual_cloc
 
 def _replay(args: argparse.Namespace) -> int:
     from sim.cli import out_dir_of
+    from sim.config.loader import load_scenario
+    from sim.config.yaml_input import ScenarioError
     from sim.output_dir import OutputDirError, Staging
-    from sim.scenario import ScenarioError, load_scenario
 
     try:
         scenario, base_dir = load_scenario(args.scenario, args.overrides)

@@ -91,7 +91,8 @@ def _plot_timeline(args: argparse.Namespace) -> int:
 
 
 def _plot_slots(args: argparse.Namespace) -> int:
-    from sim.scenario import ScenarioError, load_scenario
+    from sim.config.loader import load_scenario
+    from sim.config.yaml_input import ScenarioError
     from sim.timeline_plots import plot_slot_timelines, record_slots
 
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sim import __version__
-from sim.scenario import SCHEMA_VERSION
+from sim.config.scenario import SCHEMA_VERSION
 
 _ROOT = Path(__file__).resolve().parent.parent  # the checkout, for an editable install
 

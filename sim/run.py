@@ -12,6 +12,8 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
+from sim.config.costs import activation_reserve_bytes, kv_bytes_per_token, weights_bytes
+from sim.config.scenario import Scenario
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import KVBudget, KVManager, PagedBlockManager
 from sim.core.schedulers import Scheduler, SchedulerSettings
@@ -25,8 +27,6 @@ from sim.latency.roofline import RooflineLatency
 from sim.latency.table_format import TableError, open_table_latency
 from sim.metrics import SLO, RunRecorder
 from sim.router import build_router, router_rng
-from sim.scenario import Scenario
-from sim.specs import activation_reserve_bytes, kv_bytes_per_token, weights_bytes
 from sim.speculative import build_speculation, draft_memory_bytes
 from sim.trace import choose_requests, write_timeline
 from sim.workload import make_requests

@@ -21,8 +21,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from sim.scenario import SCHEMA_VERSION, Scenario
-from sim.scenario_input import models_in
+from sim.config.error_text import models_in
+from sim.config.scenario import SCHEMA_VERSION, Scenario
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from scipy.optimize import brentq
 from scipy.special import betaincinv
 
+from sim.config.costs import kv_bytes_per_token, weights_bytes
 from sim.core.plan import StepPlan, StepResult
-from sim.specs import kv_bytes_per_token, weights_bytes
 
 if TYPE_CHECKING:
-    from sim.scenario import Scenario
+    from sim.config.scenario import Scenario
 
 ONE_EACH = StepResult()  # a step without drafts: every emitting sequence emitted one token
 _MASK = 0xFFFFFFFFFFFFFFFF

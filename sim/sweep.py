@@ -24,7 +24,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from sim.scenario import Scenario, ScenarioError, load_scenario
+from sim.config.loader import load_scenario
+from sim.config.scenario import Scenario
+from sim.config.yaml_input import ScenarioError
 
 BACKENDS = ("loky", "dask", "ray")
 WALL_FIELDS = ("wall_s",)

@@ -23,13 +23,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from sim.config.scenario import Scenario
 from sim.core.plan import StepPlan
 from sim.core.request import Request
 from sim.des import simulate
 from sim.metrics import RunRecorder
 from sim.plots import save_figure
 from sim.run import build_block_manager, build_latency, build_scheduler, kv_budget
-from sim.scenario import Scenario
 from sim.trace import MARK_KINDS, RUN_KINDS, WAIT_KINDS
 from sim.workload import make_requests
 

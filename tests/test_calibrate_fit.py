@@ -27,6 +27,7 @@ from calibrate.synthetic import (
     write_synthetic_table,
 )
 from sim.cli import main
+from sim.config.catalogue import get_model
 from sim.core.plan import StepShape
 from sim.latency.table import TableLatency, step_features
 from sim.latency.table_format import (
@@ -36,7 +37,6 @@ from sim.latency.table_format import (
     read_measurements,
     write_measurements,
 )
-from sim.specs import get_model
 
 BUDGET, MAX_SEQS, MAX_CONTEXT = 2048, 256, 4096
 GRID = shape_grid(BUDGET, MAX_SEQS, MAX_CONTEXT, verify_query_tokens=(3, 5))

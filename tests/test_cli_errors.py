@@ -16,7 +16,7 @@ import sim.engine_cli
 import sim.run
 from sim import __version__
 from sim.cli import main
-from sim.scenario import SCHEMA_VERSION
+from sim.config.scenario import SCHEMA_VERSION
 
 SMALL = """
 workload:

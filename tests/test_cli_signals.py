@@ -85,7 +85,7 @@ def test_a_worker_takes_no_semaphore_for_its_progress_bars() -> None:
 import threading
 from pathlib import Path
 from tqdm import tqdm
-from sim.scenario import validate_scenario
+from sim.config.loader import validate_scenario
 from sim.sweep import Task, run_task
 scenario = validate_scenario({"workload": {"arrivals": {"process": "poisson", "rate": 4},
     "prompt_tokens": {"dist": "fixed", "value": 50}, "output_tokens": {"dist": "fixed",

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.config.catalogue import get_hardware, get_model
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepPlan, StepShape
@@ -17,7 +18,6 @@ from sim.core.schedulers import ContinuousScheduler, StaticScheduler
 from sim.des import simulate
 from sim.latency.roofline import RooflineLatency
 from sim.metrics import RunRecorder
-from sim.specs import get_hardware, get_model
 
 
 class FixedLatency:

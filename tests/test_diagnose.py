@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from sim.cli import main
+from sim.config.catalogue import get_hardware, get_model
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import PagedBlockManager
 from sim.core.request import Request
@@ -26,7 +27,6 @@ from sim.diagnose import (
 )
 from sim.latency.roofline import RooflineLatency
 from sim.metrics import RunRecorder
-from sim.specs import get_hardware, get_model
 
 ROOF = RooflineLatency(get_model("llama-3-8b"), get_hardware("h100-sxm"))
 QUICKSTART = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.yaml"

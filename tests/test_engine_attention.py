@@ -15,14 +15,13 @@ from hypothesis import strategies as st  # noqa: E402
 from gpu_engine.attention import paged_attention  # noqa: E402
 from gpu_engine.inputs import build_inputs  # noqa: E402
 from gpu_engine.kv_cache import PagedKVCache, kv_cache_blocks  # noqa: E402
-from sim.core.kv import NULL_BLOCK, KVBudget  # noqa: E402
-from sim.specs import (  # noqa: E402
+from sim.config.catalogue import get_hardware, get_model  # noqa: E402
+from sim.config.costs import (  # noqa: E402
     activation_reserve_bytes,
-    get_hardware,
-    get_model,
     kv_bytes_per_token,
     weights_bytes,
 )
+from sim.core.kv import NULL_BLOCK, KVBudget  # noqa: E402
 
 
 def _run_case(rng: random.Random, seqs: list[tuple[int, int]], emits: list[bool],

@@ -14,12 +14,12 @@ from gpu_engine.engine import Engine  # noqa: E402
 from gpu_engine.replay import replay_scenario  # noqa: E402
 from gpu_engine.sampling import SamplingParams  # noqa: E402
 from gpu_engine.setup import EngineSetupError, build_engine  # noqa: E402
+from sim.config.scenario import Scenario  # noqa: E402
 from sim.core.plan import StepPlan  # noqa: E402
 from sim.core.request import Request  # noqa: E402
 from sim.des import ReplicaSetup, simulate, simulate_fleet  # noqa: E402
 from sim.metrics import RunRecorder  # noqa: E402
 from sim.run import build_block_manager, build_latency, build_scheduler, kv_budget  # noqa: E402
-from sim.scenario import Scenario  # noqa: E402
 from sim.workload import make_requests  # noqa: E402
 
 

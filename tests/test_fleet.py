@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from test_des import FixedLatency
 
 from sim.cli import main
+from sim.config.scenario import Scenario
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import PagedBlockManager
 from sim.core.request import Request, RequestState
@@ -34,7 +35,6 @@ from sim.run import (
     run_scenario,
     summarize,
 )
-from sim.scenario import Scenario
 from sim.workload import make_requests
 
 

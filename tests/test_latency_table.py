@@ -17,6 +17,11 @@ from hypothesis import strategies as st
 from calibrate.fit import fit_table
 from calibrate.synthetic import SyntheticCost, write_synthetic_table
 from sim.cli import main
+from sim.config.catalogue import get_model
+from sim.config.costs import kv_bytes_per_token
+from sim.config.loader import load_scenario
+from sim.config.scenario import Scenario
+from sim.config.yaml_input import ScenarioError
 from sim.core.plan import StepShape
 from sim.des import simulate
 from sim.latency import LatencyModel, TableLatency
@@ -37,8 +42,6 @@ from sim.latency.table_format import (
 )
 from sim.metrics import RunRecorder
 from sim.run import build_block_manager, build_latency, build_scheduler, kv_budget, run_scenario
-from sim.scenario import Scenario, ScenarioError, load_scenario
-from sim.specs import get_model, kv_bytes_per_token
 from sim.workload import make_requests
 
 TINY = get_model("tiny")

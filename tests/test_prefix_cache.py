@@ -10,6 +10,7 @@ import pytest
 from reference_scheduler import ReferenceContinuousScheduler, ReferencePagedBlockManager
 from test_continuous_scheduler import _lockstep, drive
 
+from sim.config.scenario import Scenario
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepResult
@@ -18,7 +19,6 @@ from sim.core.request import Request
 from sim.core.schedulers import ContinuousScheduler
 from sim.report import format_summary
 from sim.run import run_scenario
-from sim.scenario import Scenario
 
 MOONCAKE = (Path(__file__).resolve().parents[1] / "sim" / "workload" / "data" / "traces"
             / "mooncake_conversation.jsonl")

@@ -12,6 +12,9 @@ from hypothesis import strategies as st
 from reference_scheduler import ReferenceContinuousScheduler, ReferencePagedBlockManager
 
 from sim.cli import main
+from sim.config.catalogue import get_hardware, get_model
+from sim.config.costs import kv_bytes_per_token, weights_bytes
+from sim.config.loader import load_scenario
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepPlan, StepResult, StepShape
@@ -20,8 +23,6 @@ from sim.core.schedulers import ContinuousScheduler
 from sim.latency import RooflineLatency
 from sim.latency.draft import ModelDraft, NgramDraft, SpeculativeLatency
 from sim.run import kv_budget, run_scenario
-from sim.scenario import load_scenario
-from sim.specs import get_hardware, get_model, kv_bytes_per_token, weights_bytes
 from sim.speculative import (
     AcceptanceSampler,
     BetaAcceptance,

@@ -10,6 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_des import FixedLatency, SpyRecorder
 
+from sim.config.catalogue import get_hardware, get_model
+from sim.config.loader import load_scenario
+from sim.config.yaml_input import ScenarioError
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepPlan, StepResult
@@ -18,8 +21,6 @@ from sim.core.schedulers import DynamicScheduler, StaticScheduler
 from sim.des import simulate
 from sim.latency.roofline import RooflineLatency
 from sim.run import build_block_manager, kv_budget, run_scenario
-from sim.scenario import ScenarioError, load_scenario
-from sim.specs import get_hardware, get_model
 
 
 def pool(num_blocks: int = 1000, block_size: int = 4) -> ContiguousAllocator:

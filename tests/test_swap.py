@@ -7,6 +7,9 @@ import random
 import pytest
 from test_continuous_scheduler import drive
 
+from sim.config.catalogue import get_hardware, get_model
+from sim.config.costs import kv_bytes_per_token
+from sim.config.scenario import Scenario
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepShape
@@ -14,8 +17,6 @@ from sim.core.request import Request, RequestState
 from sim.core.schedulers import ContinuousScheduler
 from sim.latency.roofline import RooflineLatency
 from sim.run import run_scenario
-from sim.scenario import Scenario
-from sim.specs import get_hardware, get_model, kv_bytes_per_token
 
 ROOF = RooflineLatency(get_model("llama-3-8b"), get_hardware("h100-sxm"))
 

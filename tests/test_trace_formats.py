@@ -170,7 +170,7 @@ def test_a_bare_trace_path_is_the_path_form() -> None:
 
 
 def test_set_reaches_into_a_bare_trace_path() -> None:
-    from sim.scenario import apply_overrides
+    from sim.config.loader import apply_overrides
 
     raw = apply_overrides({"workload": {"trace": "x.csv"}}, ["workload.trace.time_scale=2"])
     assert raw["workload"]["trace"] == {"path": "x.csv", "time_scale": 2}

@@ -22,20 +22,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.core.plan import StepShape
-from sim.specs import (
-    HardwareSpec,
-    ModelSpec,
+from sim.config.costs import (
     allreduce_time_s,
     attention_flops_per_pair,
-    check_tp,
     expert_weight_bytes,
     kv_bytes_per_token,
-    kv_heads_per_gpu,
     linear_flops_per_token,
     lm_head_flops_per_seq,
     weights_read_bytes,
 )
+from sim.config.specs import HardwareSpec, ModelSpec, check_tp, kv_heads_per_gpu
+from sim.core.plan import StepShape
 
 # Per step: scheduler, input prep, sampling and launch gaps of a vLLM-class engine
 # measure ~1-3 ms outside the kernels; calibration replaces this guess.

@@ -24,9 +24,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from sim.config.catalogue import model_from_fields
+from sim.config.specs import ModelSpec
 from sim.core.plan import StepShape
 from sim.latency.table import TIMINGS, ErrorStats, TableFit, TableLatency
-from sim.specs import ModelSpec, model_from_fields
 
 FORMAT_VERSION = 1
 METADATA_FILE, MEASUREMENTS_FILE, FIT_FILE = "metadata.json", "measurements.csv", "fit.json"

@@ -1,5 +1,9 @@
 """The validated `workload:` section of a scenario (pydantic, unknown keys are errors).
 
+It sits with the rest of the schema in sim.config, below sim.workload, which
+turns it into requests: the schema is what a user may write, the workload
+package what it means.
+
 Two shapes, exactly one per workload: synthetic (`arrivals` + `prompt_tokens`
 + `output_tokens`, bounded by `num_requests` and/or `duration_s`) or a trace
 replay (`trace`, optionally cut by the same two limits; `arrivals` beside it
@@ -16,8 +20,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sim.workload.traces import TraceFormat
-
+# text: JSONL with a prompt; the CSV formats are `sim.workload.csv_traces.CSV_FORMATS`
+TraceFormat = Literal["azure", "burstgpt", "vidur", "csv", "mooncake", "text"]
 Rate = Annotated[float, Field(gt=0, allow_inf_nan=False, description="requests per second")]
 Burstiness = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Tokens = Annotated[int, Field(ge=1)]
