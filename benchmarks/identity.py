@@ -148,6 +148,11 @@ def compare(a: Path, b: Path) -> int:
     for rel in sorted(files_a ^ files_b):
         print(f"only in {'first' if rel in files_a else 'second'}: {rel}")
         bad += 1
+    for root in (a, b):  # provenance is left out of the comparison, but must name a commit
+        for path in root.rglob("summary.json"):
+            if not json.loads(path.read_text()).get("provenance", {}).get("git_commit"):
+                print(f"NO COMMIT in provenance: {path}")
+                bad += 1
     same = []
     for rel in sorted(files_a & files_b):
         if comparable(a / rel) == comparable(b / rel):

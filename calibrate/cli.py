@@ -56,7 +56,7 @@ def _register_fit(commands: argparse._SubParsersAction) -> None:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from sim.output_dir import OutputDirError, check_output_dir
+    from sim.results.output_dir import OutputDirError, check_output_dir
 
     try:
         check_output_dir(Path(args.dir), "DIR")  # fit.json goes there: refuse before fitting

@@ -39,7 +39,7 @@ def _seconds(text: str) -> float:
 
 def _dirs_ok(dirs: list[tuple[str | None, str]]) -> bool:
     """Check each (directory, option) before any measuring; print the first problem."""
-    from sim.output_dir import OutputDirError, check_output_dir
+    from sim.results.output_dir import OutputDirError, check_output_dir
 
     try:
         for path, option in dirs:

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_engine.engine import StepLog
+from sim.assemble import build_block_manager, build_scheduler, kv_budget
 from sim.config.scenario import Scenario
 from sim.core.plan import StepPlan, StepResult, StepShape
-from sim.des import ReplicaSetup, simulate_fleet
-from sim.metrics import RunRecorder
-from sim.run import build_block_manager, build_scheduler, kv_budget
+from sim.results.metrics import RunRecorder
 from sim.workload import make_requests
+from sim.world.fleet import simulate_fleet
+from sim.world.replica import ReplicaSetup
 
 
 class Diverged(RuntimeError):

@@ -23,7 +23,7 @@ from gpu_engine.engine import Engine, StepLog, WallClock
 from gpu_engine.speculative import NgramDrafter
 from sim.core.request import Request
 from sim.latency.table_format import Measurement, step_kind
-from sim.metrics import RunRecorder
+from sim.results.metrics import RunRecorder
 
 
 class _NoKernels:

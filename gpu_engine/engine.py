@@ -37,7 +37,7 @@ from sim.core.plan import StepPlan, StepResult, StepShape
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
-from sim.metrics import RunRecorder
+from sim.results.metrics import RunRecorder
 
 _SEED_STRIDE = 1_000_003  # per-request sampling seeds: engine seed x stride + request id
 _SPIN_S = 0.002  # WallClock.wait_until busy-waits this long before its target

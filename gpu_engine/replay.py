@@ -24,11 +24,12 @@ from gpu_engine.sampling import SamplingParams
 from gpu_engine.setup import EngineSetup, build_engine
 from sim.config.scenario import Scenario
 from sim.core.request import Request
-from sim.des import ReplicaSetup
 from sim.latency import LatencyModel
-from sim.metrics import RunRecorder
-from sim.run import RunResult, summarize
+from sim.results.metrics import RunRecorder
+from sim.results.run import RunResult
+from sim.results.summary import summarize
 from sim.workload import make_requests
+from sim.world.replica import ReplicaSetup
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +40,11 @@ class EngineRun:
     setup_s: float = 0.0  # building the engine and capturing graphs, before any arrival
     malloc: str = "default"  # "steady" where glibc was told to keep freed memory
 
-    def write_outputs(self, out_dir: Path, plots: bool = True) -> list[Path]:
-        written = self.result.write_outputs(out_dir, plots=plots)
-        path = out_dir / "engine_steps.csv"
+    def write_steps(self, out_dir: Path) -> Path:
+        """engine_steps.csv beside the run's result files (sim.experiments.outputs)."""
+        path = Path(out_dir) / "engine_steps.csv"
         steps_frame(self.steps).to_csv(path, index=False)
-        return [*written, path]
+        return path
 
 
 def steps_frame(steps: tuple[StepLog, ...] | list[StepLog]) -> pd.DataFrame:

@@ -20,11 +20,11 @@ from gpu_engine.kv_cache import PagedKVCache
 from gpu_engine.model import build_model
 from gpu_engine.runner import ModelRunner
 from gpu_engine.speculative import ModelDrafter, NgramDrafter
+from sim.assemble import build_block_manager, build_scheduler, kv_budget
 from sim.config.costs import weights_bytes
 from sim.config.scenario import Scenario
 from sim.core.kv import KVBudget, KVManager
 from sim.latency import LatencyModel
-from sim.run import build_block_manager, build_scheduler, kv_budget
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

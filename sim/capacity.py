@@ -35,7 +35,6 @@ GPUS_PER_NODE = 8  # tensor parallelism past one node's NVLink domain is rare in
 EXIT_DOES_NOT_FIT = 1
 
 
-
 def _gib(num_bytes: float) -> str:
     return f"{num_bytes / _GIB:,.2f} GiB"
 

@@ -30,9 +30,10 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from sim.config.loader import load_scenario
     from sim.config.yaml_input import ScenarioError
-    from sim.metrics import format_summary
-    from sim.output_dir import OutputDirError, Staging, variant_dir
-    from sim.run import run_scenario
+    from sim.experiments.outputs import write_outputs
+    from sim.experiments.run import run_scenario
+    from sim.results.output_dir import OutputDirError, Staging, variant_dir
+    from sim.results.report import format_summary
 
     try:
         scenario, base_dir = load_scenario(args.scenario, args.overrides)
@@ -57,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
         except (ValueError, FileNotFoundError) as err:  # e.g. a missing trace, no room for KV
             print(f"error: {args.scenario or 'default scenario'}: {err}", file=sys.stderr)
             return 2
-        result.write_outputs(stage.path, plots=scenario.output.plots and not args.no_plots)
+        write_outputs(result, stage.path, plots=scenario.output.plots and not args.no_plots)
         stage.commit()
     if not args.quiet:
         model, hw = scenario.model_spec, scenario.hardware_spec
@@ -106,8 +107,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
 
 def _sweep(args: argparse.Namespace) -> int:
     from sim.config.yaml_input import ScenarioError
-    from sim.output_dir import OutputDirError, Staging
-    from sim.sweep import (
+    from sim.experiments.sweep import (
         SHORT_METRICS,
         Backend,
         SweepError,
@@ -116,6 +116,7 @@ def _sweep(args: argparse.Namespace) -> int:
         sweep,
         write_table,
     )
+    from sim.results.output_dir import OutputDirError, Staging
 
     default = Path("results") / f"sweep_{Path(args.scenario).stem}"
     out_dir, field = out_dir_of(args.out, None, default)
@@ -151,10 +152,10 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from sim.compare import format_compare, load_spec, run_compare, write_compare
     from sim.config.yaml_input import ScenarioError
-    from sim.output_dir import OutputDirError, Staging
-    from sim.sweep import Backend, SweepError
+    from sim.experiments.compare import format_compare, load_spec, run_compare, write_compare
+    from sim.experiments.sweep import Backend, SweepError
+    from sim.results.output_dir import OutputDirError, Staging
 
     try:
         base = load_spec(args.spec)
@@ -216,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Ctrl-C: exit code 130 and one line; loky's worker processes are stopped so no
     semaphore is leaked, and a result directory in the making is removed
-    (sim.output_dir). A reader that stops early (`servesim explain ... | head`):
+    (sim.results.output_dir). A reader that stops early (`servesim explain ... | head`):
     the rest of the output is dropped and the exit code is 141, as for SIGPIPE.
     """
     try:

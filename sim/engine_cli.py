@@ -92,7 +92,7 @@ def replay_dir(name: str, overrides: list[str], device: str | None, virtual_cloc
                ) -> Path:
     """The default results directory: one per clock, device and set of overrides, so a
     virtual-clock replay never replaces a wall-clock one (or a CUDA one a CPU one)."""
-    from sim.output_dir import variant_dir
+    from sim.results.output_dir import variant_dir
 
     knobs = [*overrides, *([f"engine.device={device}"] if device else [])]
     return variant_dir(name, knobs, "_engine_virtual" if virtual_clock else "_engine")
@@ -102,7 +102,7 @@ def _replay(args: argparse.Namespace) -> int:
     from sim.cli import out_dir_of
     from sim.config.loader import load_scenario
     from sim.config.yaml_input import ScenarioError
-    from sim.output_dir import OutputDirError, Staging
+    from sim.results.output_dir import OutputDirError, Staging
 
     try:
         scenario, base_dir = load_scenario(args.scenario, args.overrides)
@@ -116,7 +116,8 @@ def _replay(args: argparse.Namespace) -> int:
         if not _engine_modules():
             return 2
         from gpu_engine.replay import replay_scenario
-        from sim.run import build_latency
+        from sim.assemble import build_latency
+        from sim.experiments.outputs import write_outputs
 
         try:
             latency = build_latency(scenario) if args.virtual_clock else None
@@ -125,7 +126,8 @@ def _replay(args: argparse.Namespace) -> int:
         except (ValueError, FileNotFoundError) as err:
             print(f"error: {args.scenario}: {err}", file=sys.stderr)
             return 2
-        run.write_outputs(stage.path, plots=scenario.output.plots and not args.no_plots)
+        write_outputs(run.result, stage.path, plots=scenario.output.plots and not args.no_plots)
+        run.write_steps(stage.path)
         stage.commit()
     if not args.quiet:
         _print_replay(run, out_dir)
@@ -133,7 +135,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _print_replay(run: Any, out_dir: Path) -> None:
-    from sim.metrics import format_summary
+    from sim.results.report import format_summary
 
     result, steps = run.result, run.steps
     scenario = result.scenario

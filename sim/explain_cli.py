@@ -29,7 +29,7 @@ def _positive(name: str, value: int) -> int:
 
 def check_png_path(path: Path) -> None:
     """A picture's path must be a file name in a directory that can be written or made."""
-    from sim.output_dir import OutputDirError, check_output_dir
+    from sim.results.output_dir import OutputDirError, check_output_dir
 
     if path.is_dir():
         raise UsageError(f"--out {str(path)!r}: is a directory; give a PNG file name")
@@ -54,7 +54,7 @@ def load_run(run_dir: str | Path) -> tuple[pd.DataFrame, str]:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from sim.diagnose import DiagnosisError, explain_run
+    from sim.observe.explain import DiagnosisError, explain_run
 
     try:
         frame, policy = load_run(args.run_dir)
@@ -67,8 +67,8 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _plot_timeline(args: argparse.Namespace) -> int:
-    from sim.timeline_plots import plot_request_timeline
-    from sim.trace import read_timeline
+    from sim.observe.trace import read_timeline
+    from sim.plots.timeline import plot_request_timeline
 
     run_dir = Path(args.run_dir)
     try:
@@ -93,7 +93,8 @@ def _plot_timeline(args: argparse.Namespace) -> int:
 def _plot_slots(args: argparse.Namespace) -> int:
     from sim.config.loader import load_scenario
     from sim.config.yaml_input import ScenarioError
-    from sim.timeline_plots import plot_slot_timelines, record_slots
+    from sim.experiments.slots import record_slots
+    from sim.plots.slots import plot_slot_timelines
 
     try:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]

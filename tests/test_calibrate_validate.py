@@ -45,7 +45,7 @@ from sim.latency.table_format import (  # noqa: E402
     open_table_latency,
     read_measurements,
 )
-from sim.speculative import expected_tokens_per_step  # noqa: E402
+from sim.world.speculation import expected_tokens_per_step  # noqa: E402
 
 SCENARIO = """
 name: ci_calibrate

@@ -13,7 +13,7 @@ import pytest
 
 import sim.cli
 import sim.engine_cli
-import sim.run
+import sim.experiments.run
 from sim import __version__
 from sim.cli import main
 from sim.config.scenario import SCHEMA_VERSION
@@ -66,13 +66,13 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("the work started before the mistake was caught")
 
-    import sim.compare
-    import sim.run
-    import sim.sweep
+    import sim.experiments.compare
+    import sim.experiments.run
+    import sim.experiments.sweep
 
-    monkeypatch.setattr(sim.run, "run_scenario", forbidden)
-    monkeypatch.setattr(sim.sweep, "run_task", forbidden)
-    monkeypatch.setattr(sim.compare, "run_compare", forbidden)
+    monkeypatch.setattr(sim.experiments.run, "run_scenario", forbidden)
+    monkeypatch.setattr(sim.experiments.sweep, "run_task", forbidden)
+    monkeypatch.setattr(sim.experiments.compare, "run_compare", forbidden)
 
 
 # -- output directories, before the work ---------------------------------------------
@@ -229,15 +229,30 @@ def test_one_run_per_directory_with_its_provenance(
 
 
 def test_provenance_without_git(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sim.provenance import git_commit, provenance
+    from sim.results.provenance import git_commit, provenance
 
     monkeypatch.setenv("PATH", "")  # no git to run
     assert git_commit() == (None, None)
     assert provenance()["git_commit"] is None
 
 
+def test_provenance_finds_the_commit_of_this_checkout() -> None:
+    """Run from a git checkout of servesim (as CI and `pip install -e` are), the stamp names
+    the checkout's HEAD: the module must find the checkout's root from where it lives."""
+    import subprocess
+
+    from sim.results.provenance import git_commit
+
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=False)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    assert git_commit()[0] == head.stdout.strip()
+
+
 def test_provenance_of_a_package_inside_another_repository(tmp_path: Path) -> None:
-    from sim.provenance import git_commit
+    from sim.results.provenance import git_commit
 
     assert git_commit(tmp_path) == (None, None)
 
@@ -276,7 +291,7 @@ def test_ctrl_c_exits_130_with_one_line_and_keeps_the_old_result(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sim.run, "run_scenario", interrupted)
+    monkeypatch.setattr(sim.experiments.run, "run_scenario", interrupted)
     code, stdout, err = cli(capsys, "run", str(write(tmp_path, SMALL)), "--out", str(out))
     assert (code, stdout, err) == (130, "", "interrupted\n")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".servesim-")] == []

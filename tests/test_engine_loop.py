@@ -14,13 +14,20 @@ from gpu_engine.engine import Engine  # noqa: E402
 from gpu_engine.replay import replay_scenario  # noqa: E402
 from gpu_engine.sampling import SamplingParams  # noqa: E402
 from gpu_engine.setup import EngineSetupError, build_engine  # noqa: E402
+from sim.assemble import (  # noqa: E402
+    build_block_manager,
+    build_latency,
+    build_scheduler,
+    kv_budget,
+)
 from sim.config.scenario import Scenario  # noqa: E402
 from sim.core.plan import StepPlan  # noqa: E402
 from sim.core.request import Request  # noqa: E402
-from sim.des import ReplicaSetup, simulate, simulate_fleet  # noqa: E402
-from sim.metrics import RunRecorder  # noqa: E402
-from sim.run import build_block_manager, build_latency, build_scheduler, kv_budget  # noqa: E402
+from sim.experiments.outputs import write_outputs  # noqa: E402
+from sim.results.metrics import RunRecorder  # noqa: E402
 from sim.workload import make_requests  # noqa: E402
+from sim.world.fleet import simulate, simulate_fleet  # noqa: E402
+from sim.world.replica import ReplicaSetup  # noqa: E402
 
 
 class SpyRecorder(RunRecorder):
@@ -228,7 +235,8 @@ def test_wall_clock_replay_writes_the_simulators_result_files(tmp_path) -> None:
     arrivals = {"process": "poisson", "rate": 50.0}
     sc = scenario(kv={"num_blocks": 200}, workload={"num_requests": 6, "arrivals": arrivals})
     run = replay_scenario(sc, show_progress=False)
-    files = {p.name for p in run.write_outputs(tmp_path, plots=False)}
+    written = [*write_outputs(run.result, tmp_path, plots=False), run.write_steps(tmp_path)]
+    files = {p.name for p in written}
     assert {"summary.json", "requests.csv", "engine_steps.csv"} <= files
     assert run.result.summary["completed"] == 6
     assert run.result.summary["latency_model"].startswith("engine(cpu")

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from calibrate.fit import fit_table
 from calibrate.synthetic import SyntheticCost, write_synthetic_table
+from sim.assemble import build_block_manager, build_latency, build_scheduler, kv_budget
 from sim.cli import main
 from sim.config.catalogue import get_model
 from sim.config.costs import kv_bytes_per_token
@@ -23,7 +24,7 @@ from sim.config.loader import load_scenario
 from sim.config.scenario import Scenario
 from sim.config.yaml_input import ScenarioError
 from sim.core.plan import StepShape
-from sim.des import simulate
+from sim.experiments.run import run_scenario
 from sim.latency import LatencyModel, TableLatency
 from sim.latency import table_format as tf
 from sim.latency.table import ErrorStats, TableFit
@@ -40,9 +41,9 @@ from sim.latency.table_format import (
     upgrade_metadata,
     write_measurements,
 )
-from sim.metrics import RunRecorder
-from sim.run import build_block_manager, build_latency, build_scheduler, kv_budget, run_scenario
+from sim.results.metrics import RunRecorder
 from sim.workload import make_requests
+from sim.world.fleet import simulate
 
 TINY = get_model("tiny")
 

@@ -17,8 +17,8 @@ from sim.core.plan import StepResult
 from sim.core.prefix import block_hashes
 from sim.core.request import Request
 from sim.core.schedulers import ContinuousScheduler
-from sim.report import format_summary
-from sim.run import run_scenario
+from sim.experiments.run import run_scenario
+from sim.results.report import format_summary
 
 MOONCAKE = (Path(__file__).resolve().parents[1] / "sim" / "workload" / "data" / "traces"
             / "mooncake_conversation.jsonl")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sim.config.sections import RouterConfig
 from sim.core.request import Request
-from sim.router import (
+from sim.world.router import (
     POLICIES,
     LeastOutstanding,
     PowerOfTwo,

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference_scheduler import ReferenceContinuousScheduler, ReferencePagedBlockManager
 
+from sim.assemble import kv_budget
 from sim.cli import main
 from sim.config.catalogue import get_hardware, get_model
 from sim.config.costs import kv_bytes_per_token, weights_bytes
@@ -20,10 +21,10 @@ from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepPlan, StepResult, StepShape
 from sim.core.request import Request, RequestState
 from sim.core.schedulers import ContinuousScheduler
+from sim.experiments.run import run_scenario
 from sim.latency import RooflineLatency
 from sim.latency.draft import ModelDraft, NgramDraft, SpeculativeLatency
-from sim.run import kv_budget, run_scenario
-from sim.speculative import (
+from sim.world.speculation import (
     AcceptanceSampler,
     BetaAcceptance,
     FixedAcceptance,

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_des import FixedLatency, SpyRecorder
 
+from sim.assemble import build_block_manager, kv_budget
 from sim.config.catalogue import get_hardware, get_model
 from sim.config.loader import load_scenario
 from sim.config.yaml_input import ScenarioError
@@ -18,9 +19,9 @@ from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
 from sim.core.schedulers import DynamicScheduler, StaticScheduler
-from sim.des import simulate
+from sim.experiments.run import run_scenario
 from sim.latency.roofline import RooflineLatency
-from sim.run import build_block_manager, kv_budget, run_scenario
+from sim.world.fleet import simulate
 
 
 def pool(num_blocks: int = 1000, block_size: int = 4) -> ContiguousAllocator:

@@ -15,8 +15,8 @@ from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepShape
 from sim.core.request import Request, RequestState
 from sim.core.schedulers import ContinuousScheduler
+from sim.experiments.run import run_scenario
 from sim.latency.roofline import RooflineLatency
-from sim.run import run_scenario
 
 ROOF = RooflineLatency(get_model("llama-3-8b"), get_hardware("h100-sxm"))
 

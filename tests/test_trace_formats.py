@@ -296,7 +296,7 @@ def test_cli_shows_a_zero_length_warning_as_one_line_and_runs(
 
 
 def _compare_base(tmp_path: Path, workload: dict) -> object:
-    from sim.compare import load_spec
+    from sim.experiments.compare import load_spec
 
     spec = tmp_path / "c.yaml"
     spec.write_text(yaml.safe_dump({

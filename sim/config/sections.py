@@ -188,9 +188,8 @@ class EngineConfig(StrictModel):
     sampling: SamplingConfig = Field(SamplingConfig(), description="the engine's sampler")
 
 
-
 class RouterConfig(StrictModel):
-    """How a fleet (replicas > 1) spreads arrivals; see sim.router for each policy."""
+    """How a fleet (replicas > 1) spreads arrivals; see sim.world.router for each policy."""
 
     policy: Literal["round_robin", "least_outstanding", "least_kv", "power_of_two",
                     "prefix_aware"] = Field(

@@ -15,7 +15,7 @@ KV writes each, and the drafts' attention over the cached context plus the
 causal pairs among the new positions (k taken as the step's mean k_i). The
 KV is read once per sequence however many positions verify, which is why a
 memory-bound decode verifies drafts almost for free. The draft's own passes
-are priced by sim.speculative.SpeculativeLatency around this model.
+are priced by sim.latency.draft.SpeculativeLatency around this model.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Policy name -> how to build its scheduler and which KV pools it runs on.
 
 Why a registry: the scenario loader validates `scheduler.policy` and `kv.mode`
-against it and sim.run builds from it, so adding a policy touches one place.
+against it and sim.assemble builds from it, so adding a policy touches one place.
 Settings arrive as one plain value (no pydantic here: sim.core stays bare).
 """
 

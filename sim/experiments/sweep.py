@@ -119,8 +119,9 @@ def run_task(task: Task) -> dict[str, Any]:
     A user-level failure (no room for KV, a missing trace) comes back as
     {"error": message}, so the parent can say which point failed.
     """
-    from sim.metrics import jsonable
-    from sim.run import run_scenario
+    from sim.experiments.outputs import write_outputs
+    from sim.experiments.run import run_scenario
+    from sim.results.report import jsonable
 
     _thread_lock_for_tqdm()
     try:
@@ -129,7 +130,7 @@ def run_task(task: Task) -> dict[str, Any]:
         return {"error": str(err)}
     summary = dict(result.summary)
     if task.out_dir is not None:
-        result.write_outputs(task.out_dir, plots=task.plots)
+        write_outputs(result, task.out_dir, plots=task.plots)
     digest, count, span_s = stream_digest(task.scenario, task.base_dir)
     finish_s = result.recorder.requests_frame()["finish_s"].dropna()
     out = jsonable(summary)
@@ -260,7 +261,7 @@ def sweep(path: str | Path, grid: dict[str, list[Any]], backend: Backend | None 
         rows.append(row)
     table = pd.DataFrame(rows)
     if plots and out_dir is not None:
-        from sim.compare_plots import plot_sweep  # lazy: matplotlib only when plotting
+        from sim.plots.compare import plot_sweep  # lazy: matplotlib only when plotting
 
         plot_sweep(table, list(grid), out_dir / "sweep.png")
     return table

@@ -12,7 +12,7 @@ positions and the world says how many tokens it emitted. Here the world is:
   (scenario seed, request id), the acceptances from one seeded stream per
   replica, so a run is deterministic and memory does not grow with requests.
 - the draft model's memory: its weights and its KV per token come out of
-  the KV pool (sim.run.kv_budget). Its time is in sim/latency/draft.py.
+  the KV pool (sim.assemble.kv_budget). Its time is in sim/latency/draft.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from scipy.optimize import brentq
 from scipy.special import betaincinv
 
-from sim.config.costs import kv_bytes_per_token, weights_bytes
 from sim.core.plan import StepPlan, StepResult
 
 if TYPE_CHECKING:
@@ -215,19 +214,6 @@ def acceptance_model(cfg: Any) -> AcceptanceModel:
     if cfg.dist == "beta":
         return BetaAcceptance(cfg.mean, cfg.std)
     return FixedAcceptance(cfg.alpha)
-
-
-def draft_memory_bytes(scenario: Scenario) -> tuple[float, float]:
-    """Per GPU: the draft model's weights and its KV bytes per token (0, 0 for n-gram).
-
-    The draft keeps KV for every token the target does, in the same blocks.
-    """
-    draft = scenario.speculative.draft_spec
-    if draft is None or not scenario.speculative.num_tokens:
-        return 0.0, 0.0
-    dtype, tp = scenario.kv.dtype_bytes, scenario.hardware.count
-    return (weights_bytes(draft, dtype_bytes=dtype, tp=tp),
-            kv_bytes_per_token(draft, dtype_bytes=dtype, tp=tp))
 
 
 def build_speculation(scenario: Scenario) -> AcceptanceSampler | None:

@@ -1,29 +1,21 @@
-"""The SimPy world: an arrival process feeding replicas through a router.
+"""One replica in the SimPy world: a scheduler, its KV pool and a latency model, step by step.
 
-One event per engine step: a replica asks its scheduler for a plan, holds
-the simulated clock for the step's predicted latency, then applies it.
-Arrivals during a step are queued at once and seen at the next schedule().
-Each arrival asks the router for a replica at its arrival instant, so the
-router sees every replica's queue and KV as they are then (arrivals at the
-same instant see the ones routed before them). After the last arrival every
-scheduler is closed (no more requests will come) and idle replicas are woken,
-so static batching launches its short last batch. Finished requests are handed
-to the recorders and dropped, so memory follows the requests in flight, not
-the requests done. A replica's optional observer (sim.trace.StepObserver) sees
-each accepted arrival and each step just before it runs: the TTFT diagnosis
-and request tracing hang there.
-
-A fleet records each step and request twice: in its replica's recorder and
-in the fleet's. One replica records once and never calls the router, so its
-hot loop is the single-replica loop it always was.
+One event per engine step: a replica asks its scheduler for a plan, holds the
+simulated clock for the step's predicted latency, then applies it. Arrivals
+during a step are queued at once (sim.world.fleet submits them) and seen at
+the next schedule(). Finished requests are handed to the recorders and
+dropped, so memory follows the requests in flight, not the requests done. A
+replica's optional observer (sim.observe.trace.StepObserver) sees each
+accepted arrival and each step just before it runs: the TTFT diagnosis and
+request tracing hang there. A fleet records each step and request twice: in
+its replica's recorder and in the fleet's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import simpy
 
 from sim.core.kv import KVManager
@@ -31,9 +23,8 @@ from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
-from sim.metrics import RunRecorder
-from sim.router import Router
-from sim.trace import StepObserver
+from sim.observe.trace import StepObserver
+from sim.results.metrics import RunRecorder
 
 SCRIPTED = StepResult()  # the simulator's outputs are scripted: no token values
 
@@ -47,9 +38,9 @@ class ReplicaSetup:
     recorder: RunRecorder
     kv: KVManager | None = None
     # speculative decoding: how many tokens each sequence of a plan emitted (the
-    # acceptance process, sim.speculative.AcceptanceSampler); None = one per emitter
+    # acceptance process, sim.world.speculation.AcceptanceSampler); None = one per emitter
     speculate: Callable[[StepPlan], StepResult] | None = None
-    observer: StepObserver | None = None  # sees each accepted arrival and step (sim.trace)
+    observer: StepObserver | None = None  # sees each accepted arrival and step (sim.observe)
 
 
 def _no_cache(_request: Request) -> int:
@@ -76,7 +67,7 @@ class Replica:
         # block managers without prefix caching have no lookup: nothing is cached
         self._cached = getattr(self.kv, "cached_prefix_tokens", None) or _no_cache
 
-    # -- what a router reads (sim.router.ReplicaView) --------------------------
+    # -- what a router reads (sim.world.router.ReplicaView) --------------------------
     @property
     def num_outstanding(self) -> int:
         return self.scheduler.num_waiting + self.scheduler.num_running
@@ -150,73 +141,3 @@ class Replica:
                     fleet.record_finished(request)
             if finished and self.on_done is not None:
                 self.on_done(len(finished))
-
-
-class _Arrival(simpy.Event):
-    """A timeout that fires before any step ending at the same instant.
-
-    The step contract says a request that has arrived by the time a step ends
-    is visible to the next schedule(); SimPy would otherwise order same-time
-    events by creation, so the outcome would depend on who set a timer first.
-    """
-
-    def __init__(self, env: simpy.Environment, delay_s: float) -> None:
-        super().__init__(env)
-        self._ok = True
-        self._value = None
-        env.schedule(self, simpy.core.URGENT, delay_s)
-
-
-def _arrivals(env: simpy.Environment, requests: Iterable[Request],
-              route: Callable[[Request], Replica], replicas: Iterable[Replica]):  # noqa: ANN202
-    for request in requests:
-        delay_s = request.arrival_s - env.now
-        if delay_s > 0:
-            yield _Arrival(env, delay_s)
-        route(request).submit(request)
-    for replica in replicas:
-        replica.close()
-
-
-def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup],
-                   router: Router | None, rng: np.random.Generator | None,
-                   fleet_recorder: RunRecorder,
-                   on_done: Callable[[int], None] | None = None) -> float:
-    """Run replicas behind `router` to completion; returns the simulated end time in seconds.
-
-    Every request and step goes to its replica's recorder and to `fleet_recorder`
-    (once, when a replica's recorder is the fleet's). One replica skips the router.
-    """
-    if not setups:
-        raise ValueError("a fleet needs at least one replica")
-    env = simpy.Environment()
-    replicas = [Replica(env, s.scheduler, s.latency, s.recorder, on_done, s.kv,
-                        None if s.recorder is fleet_recorder else fleet_recorder, s.speculate,
-                        s.observer)
-                for s in setups]
-    for replica in replicas:
-        env.process(replica.run())
-    if len(replicas) == 1:
-        only = replicas[0]
-
-        def route(_request: Request) -> Replica:
-            return only
-    else:
-        if router is None or rng is None:
-            raise ValueError("several replicas need a router and an rng")
-        choose = router.choose
-
-        def route(request: Request) -> Replica:
-            return replicas[choose(request, replicas, rng)]
-    env.process(_arrivals(env, requests, route, replicas))
-    env.run()
-    return float(env.now)
-
-
-def simulate(requests: Iterable[Request], scheduler: Scheduler, latency: LatencyModel,
-             recorder: RunRecorder, on_done: Callable[[int], None] | None = None,
-             observer: StepObserver | None = None) -> float:
-    """Run one replica to completion; returns the simulated end time in seconds."""
-    setup = ReplicaSetup(scheduler, latency, recorder, observer=observer)
-    # one replica never consults the router, so neither a router nor an rng is needed
-    return simulate_fleet(requests, [setup], None, None, recorder, on_done)

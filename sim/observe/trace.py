@@ -223,20 +223,6 @@ def timeline_frame(rows: Sequence[Sequence]) -> pd.DataFrame:
     return frame.loc[order].reset_index(drop=True)
 
 
-def write_timeline(frame: pd.DataFrame, out_dir: Path, plots: bool = True) -> list[Path]:
-    """timeline.csv and, with `plots`, timeline.png (the Gantt chart) in `out_dir`."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "timeline.csv"
-    frame.to_csv(path, index=False)
-    written = [path]
-    if plots:
-        from sim.timeline_plots import plot_request_timeline  # lazy: matplotlib
-
-        written.append(plot_request_timeline(frame, out_dir / "timeline.png"))
-    return written
-
-
 def read_timeline(path: Path) -> pd.DataFrame:
     """A timeline.csv back as written; FileNotFoundError / ValueError name the problem."""
     path = Path(path)

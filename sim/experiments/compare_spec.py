@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from sim.config.loader import apply_overrides, read_scenario_raw, validate_scenario
 from sim.config.scenario import DEFAULT_WORKLOAD, NAME_PATTERN, Scenario
 from sim.config.yaml_input import ScenarioError, read_yaml
-from sim.sweep import SweepError, Task, override
+from sim.experiments.sweep import SweepError, Task, override
 
 SUSTAIN_RATIO = 0.9  # achieved >= 90% of the offered rate = sustained
 _FORBIDDEN = ("seed", "workload")  # would change the request stream
@@ -159,7 +159,7 @@ def load_spec(path: str | Path) -> Base:
 
 def _trace_rate(raw: dict[str, Any], base_dir: Path, source: str) -> float:
     """A trace's mean arrival rate at time_scale 1: (arrivals - 1) / span."""
-    from sim.sweep import stream_digest
+    from sim.experiments.sweep import stream_digest
 
     scenario = _validate(raw, [override("workload.trace.time_scale", 1.0)], source)
     try:

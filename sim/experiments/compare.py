@@ -1,6 +1,6 @@
 """`servesim compare`: variants of one scenario on the identical request stream, over load.
 
-The spec (see `sim.compare_spec`) gives a base scenario, variants and rates.
+The spec (see `sim.experiments.compare_spec`) gives a base scenario, variants and rates.
 Every run goes through the sweep runner, so a compare parallelises on any
 backend the sweep has. Each run reports a digest of the request stream it
 served; the compare stops with an error if two variants at one rate served
@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.compare_spec import (
+from sim.experiments.compare_spec import (
     Base,
     Bracket,
     VariantSpec,
@@ -29,7 +29,14 @@ from sim.compare_spec import (
     knee_midpoints,
     load_spec,
 )
-from sim.sweep import Backend, Runner, SweepError, markdown_table, open_backend, write_table
+from sim.experiments.sweep import (
+    Backend,
+    Runner,
+    SweepError,
+    markdown_table,
+    open_backend,
+    write_table,
+)
 
 __all__ = ["CompareResult", "load_spec", "run_compare", "write_compare"]
 _COPIED = ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
@@ -224,7 +231,7 @@ def write_compare(result: CompareResult, out_dir: Path, plots: bool = True) -> l
     result.probes.to_csv(probes_csv, index=False)
     written.append(probes_csv)
     if plots:
-        from sim.compare_plots import write_plots
+        from sim.plots.compare import write_plots
 
         written += write_plots(result.table, result.waste_rate, out_dir)
     return written

@@ -55,61 +55,17 @@ KV bytes per token).
 
 from __future__ import annotations
 
-import json
 import math
-from array import array
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from sim.core.plan import StepPlan, StepResult
-from sim.core.request import Request, RequestState
-from sim.report import format_summary, jsonable
-from sim.stats import PERCENTILES, LogHistogram, TimeBuckets, describe_ms, weighted_percentiles
-
-__all__ = ["PERCENTILES", "SLO", "RunRecorder", "describe_ms", "format_summary", "jsonable",
-           "weighted_percentiles"]
-_REQ_FLOAT = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s")
-_REQ_INT = ("request_id", "prompt_tokens", "output_tokens", "prefix_hit_tokens",
-            "preemptions", "reason_code", "spec_drafted", "spec_accepted")
-_FINISHED_CODE = -1
-
-
-@dataclass(frozen=True, slots=True)
-class SLO:
-    """Per-request latency bounds in ms (vLLM's `--goodput ttft:MS tpot:MS e2el:MS`)."""
-
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2el_ms: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
-            bound = getattr(self, name)
-            if bound is not None and not bound > 0:
-                raise ValueError(f"SLO {name} must be > 0, got {bound}")
-
-    @property
-    def has_bounds(self) -> bool:
-        return any(b is not None for b in (self.ttft_ms, self.tpot_ms, self.e2el_ms))
-
-    @classmethod
-    def parse(cls, text: str) -> SLO:
-        """Parse 'ttft:200 tpot:50 e2el:5000' (spaces or commas between pairs)."""
-        bounds: dict[str, float] = {}
-        for pair in text.replace(",", " ").split():
-            key, sep, value = pair.partition(":")
-            if not sep or key not in ("ttft", "tpot", "e2el"):
-                raise ValueError(f"bad SLO term {pair!r}; expected ttft|tpot|e2el:MS")
-            bounds[f"{key}_ms"] = float(value)
-        return cls(**bounds)
-
-
-def _opt(x: float | None) -> float:
-    return math.nan if x is None else x
+from sim.core.request import Request
+from sim.results.requests import RequestLog
+from sim.results.slo import SLO, meets_slo
+from sim.results.stats import LogHistogram, TimeBuckets, describe_ms
 
 
 def _rate(amount: float, duration_s: float) -> float:
@@ -119,15 +75,13 @@ def _rate(amount: float, duration_s: float) -> float:
 class RunRecorder:
     """Typed columns of finished/rejected requests (96 B each) and O(1)-size step stats."""
 
-    __slots__ = ("_req", "_reason_codes", "_itl", "_series", "_num_steps", "_busy_s",
+    __slots__ = ("_requests", "_itl", "_series", "_num_steps", "_busy_s",
                  "_batch_x_s", "_max_kv_blocks_used", "_padded_x_s", "_slot_steps",
                  "_useful_slot_steps", "_waste_x_s", "_swap_out_tokens", "_swap_in_tokens",
                  "_spec", "_extra_columns")
 
     def __init__(self, max_buckets: int = 2048, bucket_width_s: float = 0.01) -> None:
-        self._req: dict[str, array] = {k: array("d") for k in _REQ_FLOAT}
-        self._req.update({k: array("q") for k in _REQ_INT})
-        self._reason_codes: dict[str, int] = {}
+        self._requests = RequestLog()
         self._itl = LogHistogram()
         self._series = TimeBuckets(max_buckets, bucket_width_s)
         self._num_steps = 0
@@ -144,30 +98,11 @@ class RunRecorder:
         self._spec: list[int] | None = None
         self._extra_columns: pd.DataFrame | None = None  # add_columns (TTFT diagnosis)
 
-    def _append_request(self, req: Request, code: int) -> None:
-        c = self._req
-        c["request_id"].append(req.request_id)
-        c["arrival_s"].append(req.arrival_s)
-        c["first_scheduled_s"].append(_opt(req.first_scheduled_s))
-        c["first_token_s"].append(_opt(req.first_token_s))
-        c["finish_s"].append(_opt(req.finish_s))
-        c["prompt_tokens"].append(req.prompt_tokens)
-        c["output_tokens"].append(req.output_tokens)
-        c["prefix_hit_tokens"].append(req.prefix_hit_tokens)
-        c["preemptions"].append(req.num_preemptions)
-        c["reason_code"].append(code)
-        c["spec_drafted"].append(req.spec_drafted)
-        c["spec_accepted"].append(req.spec_accepted)
-
     def record_finished(self, req: Request) -> None:
-        if req.state is not RequestState.FINISHED:
-            raise ValueError(f"request {req.request_id} is {req.state.value}, not finished")
-        self._append_request(req, _FINISHED_CODE)
+        self._requests.record_finished(req)
 
     def record_rejected(self, req: Request) -> None:
-        reason = req.rejection_reason or "unknown"
-        code = self._reason_codes.setdefault(reason, len(self._reason_codes))
-        self._append_request(req, code)
+        self._requests.record_rejected(req)
 
     def record_step(self, start_s: float, duration_s: float, plan: StepPlan,
                     num_waiting: int, num_running: int, kv_blocks_used: int,
@@ -234,28 +169,11 @@ class RunRecorder:
 
     @property
     def num_requests(self) -> int:
-        return len(self._req["request_id"])
+        return len(self._requests)
 
     @property
     def num_steps(self) -> int:
         return self._num_steps
-
-    def _arrays(self, columns: dict[str, array]) -> dict[str, np.ndarray]:
-        # np.array copies: a live buffer view would make later appends raise BufferError.
-        return {k: np.array(col, dtype=np.float64 if col.typecode == "d" else np.int64)
-                for k, col in columns.items()}
-
-    def _request_arrays(self) -> dict[str, np.ndarray]:
-        r = self._arrays(self._req)
-        done = r["reason_code"] == _FINISHED_CODE
-        r["finished"] = done
-        r["ttft_s"] = np.where(done, r["first_token_s"] - r["arrival_s"], math.nan)
-        r["e2el_s"] = np.where(done, r["finish_s"] - r["arrival_s"], math.nan)
-        r["queue_s"] = np.where(done, r["first_scheduled_s"] - r["arrival_s"], math.nan)
-        multi = done & (r["output_tokens"] > 1)
-        denom = np.maximum(r["output_tokens"] - 1, 1)
-        r["tpot_s"] = np.where(multi, (r["e2el_s"] - r["ttft_s"]) / denom, math.nan)
-        return r
 
     def summary(self, slo: SLO | None = None, kv_blocks_total: int | None = None,
                 block_size: int | None = None, *, prefix_caching: bool = False,
@@ -268,12 +186,12 @@ class RunRecorder:
         arguments come from the pool and scheduler (see the module docstring);
         swapped bytes need `kv_bytes_per_token` (else NaN).
         """
-        r = self._request_arrays()
+        r = self._requests.arrays()
         done = r["finished"]
         completed = int(done.sum())
         finish_s = r["finish_s"][~np.isnan(r["finish_s"])]
         duration_s = float(finish_s.max() - r["arrival_s"].min()) if finish_s.size else math.nan
-        names = list(self._reason_codes)
+        names = self._requests.reasons
         counts = np.bincount(r["reason_code"][~done], minlength=len(names))
         input_tokens = int(r["prompt_tokens"][done].sum())
         output_tokens = int(r["output_tokens"][done].sum())
@@ -289,7 +207,7 @@ class RunRecorder:
             "total_token_throughput": _rate(input_tokens + output_tokens, duration_s),
         }
         if slo is not None and slo.has_bounds:
-            good = int(_meets_slo(r, slo).sum())
+            good = int(meets_slo(r, slo).sum())
             out["request_goodput"] = _rate(good, duration_s)
             offered = completed + out["rejected"]
             out["slo_attainment"] = good / offered if offered else math.nan
@@ -349,22 +267,7 @@ class RunRecorder:
 
     def requests_frame(self) -> pd.DataFrame:
         """One row per recorded request (finished and rejected), latencies in ms."""
-        r = self._request_arrays()
-        names = list(self._reason_codes)
-        reasons = [None if c == _FINISHED_CODE else names[c] for c in r["reason_code"].tolist()]
-        frame = pd.DataFrame({k: r[k] for k in ("request_id", *_REQ_FLOAT, "prompt_tokens",
-                                                 "output_tokens", "prefix_hit_tokens",
-                                                 "preemptions")})
-        for metric in ("ttft", "tpot", "e2el", "queue"):
-            frame[f"{metric}_ms"] = r[f"{metric}_s"] * 1e3
-        if self._spec is not None:  # speculation on: each request's drafts and acceptances
-            frame["spec_drafted"] = r["spec_drafted"]
-            frame["spec_accepted"] = r["spec_accepted"]
-        frame["status"] = np.where(r["finished"], "finished", "rejected")
-        frame["rejection_reason"] = pd.Series(reasons, dtype=object)
-        if self._extra_columns is not None:
-            frame = frame.merge(self._extra_columns, on="request_id", how="left")
-        return frame
+        return self._requests.frame(self._spec is not None, self._extra_columns)
 
     def add_columns(self, columns: pd.DataFrame) -> None:
         """Per-request columns keyed by `request_id` (e.g. the TTFT diagnosis), joined into
@@ -374,37 +277,6 @@ class RunRecorder:
     def steps_frame(self) -> pd.DataFrame:
         """The time series, one row per non-empty time bucket (see `TimeBuckets`)."""
         return pd.DataFrame(self._series.frame())
-
-    def write_outputs(self, out_dir: Path, summary: dict[str, Any], plots: bool = True
-                      ) -> list[Path]:
-        """Write summary.json, requests.csv, timeseries.csv and (optionally) PNGs; return paths.
-
-        summary.json gains a `provenance` block (servesim version, git commit, schema
-        version). Plots come after the CSVs; the series is at most 2048 buckets, so they
-        stay fast. The CLI writes into a staging directory that replaces the old run
-        whole (sim.output_dir), so files here need no atomic renames of their own.
-        """
-        from sim.provenance import provenance  # lazy: it reads the scenario schema's version
-
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        summary_path = out_dir / "summary.json"
-        stamped = {**summary, "provenance": provenance()}
-        summary_path.write_text(json.dumps(jsonable(stamped), indent=2, allow_nan=False) + "\n")
-        requests_df, series_df = self.requests_frame(), self.steps_frame()
-        requests_path, series_path = out_dir / "requests.csv", out_dir / "timeseries.csv"
-        requests_df.to_csv(requests_path, index=False)
-        series_df.to_csv(series_path, index=False)
-        written = [summary_path, requests_path, series_path]
-        if plots:
-            from sim import plots as plotting  # lazy: matplotlib only when plotting
-
-            total = summary.get("kv_blocks_total")
-            written.append(plotting.plot_latency_cdfs(requests_df, out_dir / "latency_cdf.png"))
-            written.append(plotting.plot_timeseries(series_df, out_dir / "timeseries.png",
-                                                    kv_blocks_total=total,
-                                                    kv_pool_tokens=summary.get("kv_pool_tokens")))
-        return written
 
 
 def _speculation(decode_steps: int, spec_steps: int, drafted: int, accepted: int
@@ -419,15 +291,3 @@ def _speculation(decode_steps: int, spec_steps: int, drafted: int, accepted: int
         "mean_tokens_per_spec_step": (spec_steps + accepted) / spec_steps
         if spec_steps else math.nan,
     }
-
-
-def _meets_slo(r: dict[str, np.ndarray], slo: SLO) -> np.ndarray:
-    """Finished requests within every given bound; 1-token outputs pass TPOT (vLLM)."""
-    ok = r["finished"].copy()
-    if slo.ttft_ms is not None:
-        ok &= r["ttft_s"] * 1e3 <= slo.ttft_ms
-    if slo.tpot_ms is not None:
-        ok &= np.nan_to_num(r["tpot_s"], nan=0.0) * 1e3 <= slo.tpot_ms
-    if slo.e2el_ms is not None:
-        ok &= r["e2el_s"] * 1e3 <= slo.e2el_ms
-    return ok

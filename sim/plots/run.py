@@ -1,9 +1,9 @@
-"""PNG plots of a run: latency CDFs and the bucketed time series.
+"""PNG plots of a run: latency CDFs, the bucketed time series, a fleet's load balance.
 
 Figures are built with `matplotlib.figure.Figure` (Agg canvas, no pyplot),
 so nothing touches global backend state or leaks open figures. The time
 series arrives already reduced to at most a few thousand time buckets (see
-`sim.stats.TimeBuckets`), and CDFs are thinned to `max_points`, so a
+`sim.results.stats.TimeBuckets`), and CDFs are thinned to `max_points`, so a
 million-step run plots as fast as a short one.
 """
 
@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from sim.plots.canvas import no_data, save_figure
+from sim.plots.timeline import plot_request_timeline
 
 DEFAULT_MAX_POINTS = 5000
 _LOG_X_RATIO = 100.0  # use a log x axis when p99 / p1 exceeds this
@@ -32,19 +35,6 @@ def ecdf_points(values: np.ndarray, max_points: int = DEFAULT_MAX_POINTS
         idx = np.unique(np.linspace(0, v.size - 1, max_points).round().astype(np.int64))
         v, frac = v[idx], frac[idx]
     return v, frac
-
-
-def save_figure(fig: Figure, path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=100)
-    fig.clear()
-    return path
-
-
-def no_data(ax: Axes) -> None:
-    ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
 
 
 def _plot_cdf(ax: Axes, values_ms: np.ndarray, title: str, xlabel: str) -> None:
@@ -194,3 +184,21 @@ def plot_load_balance(series: Sequence[pd.DataFrame], path: Path) -> Path:
     ax_batch.set_xlabel("simulated time (s)")
     fig.suptitle(f"Load balance across {len(series)} replicas (time-weighted mean per bucket)")
     return save_figure(fig, path)
+
+
+def plot_run(out_dir: Path, summary: dict[str, Any], requests: pd.DataFrame,
+             series: pd.DataFrame, replica_series: Sequence[pd.DataFrame] = (),
+             timeline: pd.DataFrame | None = None) -> list[Path]:
+    """A run's pictures in `out_dir`: latency_cdf.png and timeseries.png, plus
+    load_balance.png for a fleet (`replica_series`, one per replica) and timeline.png for
+    a traced run. The series is at most 2048 buckets, so this stays fast."""
+    out_dir = Path(out_dir)
+    written = [plot_latency_cdfs(requests, out_dir / "latency_cdf.png"),
+               plot_timeseries(series, out_dir / "timeseries.png",
+                               kv_blocks_total=summary.get("kv_blocks_total"),
+                               kv_pool_tokens=summary.get("kv_pool_tokens"))]
+    if len(replica_series) > 1:
+        written.append(plot_load_balance(replica_series, out_dir / "load_balance.png"))
+    if timeline is not None:
+        written.append(plot_request_timeline(timeline, out_dir / "timeline.png"))
+    return written

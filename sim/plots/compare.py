@@ -17,7 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from sim.plots import no_data, save_figure
+from sim.plots.canvas import no_data, save_figure
 
 
 def _variants(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:

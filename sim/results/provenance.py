@@ -14,7 +14,7 @@ from typing import Any
 from sim import __version__
 from sim.config.scenario import SCHEMA_VERSION
 
-_ROOT = Path(__file__).resolve().parent.parent  # the checkout, for an editable install
+_ROOT = Path(__file__).resolve().parents[2]  # the checkout, for an editable install
 
 
 def git_commit(root: Path = _ROOT) -> tuple[str | None, bool | None]:
