@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import sim.cli
-import sim.engine_cli
+import sim.cli.engine
 import sim.experiments.run
 from sim import __version__
 from sim.cli import main
@@ -106,7 +106,7 @@ def test_output_dir_from_the_scenario_is_named_as_such(
 def test_engine_replay_checks_its_output_dir_before_loading_the_engine(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
         ) -> None:
-    monkeypatch.setattr(sim.engine_cli, "_engine_modules", lambda: pytest.fail("engine loaded"))
+    monkeypatch.setattr(sim.cli.engine, "_engine_modules", lambda: pytest.fail("engine loaded"))
     blocker = write(tmp_path, "", "blocker")
     code, out, err = cli(capsys, "engine", "replay", str(write(tmp_path, SMALL)),
                          "--out", str(blocker))
@@ -271,7 +271,7 @@ def test_set_overrides_get_their_own_directory(
 
 
 def test_engine_replay_modes_get_their_own_directories() -> None:
-    from sim.engine_cli import replay_dir
+    from sim.cli.engine import replay_dir
 
     names = {replay_dir("e", [], None, False), replay_dir("e", [], None, True),
              replay_dir("e", [], "cpu", False), replay_dir("e", ["seed=1"], None, True)}
@@ -300,12 +300,12 @@ def test_ctrl_c_exits_130_with_one_line_and_keeps_the_old_result(
 
 def test_a_closed_pipe_ends_quietly(monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
-    import sim.schema_cli
+    import sim.cli.schema
 
     def closed(docs: object) -> str:
         raise BrokenPipeError
 
-    monkeypatch.setattr(sim.schema_cli, "format_schema", closed)
+    monkeypatch.setattr(sim.cli.schema, "format_schema", closed)
     assert main(["schema"]) == 141
     assert capsys.readouterr().err == ""
 

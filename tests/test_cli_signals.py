@@ -86,7 +86,7 @@ import threading
 from pathlib import Path
 from tqdm import tqdm
 from sim.config.loader import validate_scenario
-from sim.sweep import Task, run_task
+from sim.experiments.sweep import Task, run_task
 scenario = validate_scenario({"workload": {"arrivals": {"process": "poisson", "rate": 4},
     "prompt_tokens": {"dist": "fixed", "value": 50}, "output_tokens": {"dist": "fixed",
     "value": 5}, "num_requests": 5}}, "test")

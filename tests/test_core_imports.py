@@ -16,7 +16,7 @@ def test_sim_core_loads_neither_simpy_nor_torch() -> None:
 
 def test_simulator_does_not_load_torch() -> None:
     code = (
-        "import sys, sim.cli, sim.run, sim.des\n"
+        "import sys, sim.cli, sim.experiments.run, sim.world.fleet\n"
         "print('torch' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

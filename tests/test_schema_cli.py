@@ -12,8 +12,8 @@ import sim.config.scenario
 import sim.config.sections
 import sim.config.speculative
 from sim.cli import build_parser, main
+from sim.cli.schema import field_docs
 from sim.config.scenario import SCHEMA_VERSION, Scenario
-from sim.schema_cli import field_docs
 
 
 def schema_json(capsys: pytest.CaptureFixture[str]) -> dict:

@@ -1,7 +1,7 @@
 """`servesim engine generate|replay`: the real PyTorch engine from the command line.
 
-Only the argument parsing lives in `sim`; torch and the engine are imported
-when an engine command runs, so the simulator never loads them.
+Only the argument parsing lives here; torch and gpu_engine are imported when
+an engine command runs, so the simulator never loads them.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def replay_dir(name: str, overrides: list[str], device: str | None, virtual_cloc
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from sim.cli import out_dir_of
+    from sim.cli.run import out_dir_of
     from sim.config.loader import load_scenario
     from sim.config.yaml_input import ScenarioError
     from sim.results.output_dir import OutputDirError, Staging

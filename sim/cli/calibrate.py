@@ -2,7 +2,8 @@
 
 `profile` (run the engine over a grid of step shapes) and `validate` (engine
 vs simulator on one trace) need the engine: their parsers live in
-calibrate/commands.py, which loads torch only when one of them runs.
+sim.cli.calibrate_commands, which loads torch only when one of them runs. The
+calibrate package itself is imported only inside the commands.
 """
 
 from __future__ import annotations
@@ -10,9 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-
-from calibrate.fit import fit_table, format_report
-from sim.latency.table_format import FIT_FILE, TableError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,14 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def register_profile(commands: argparse._SubParsersAction) -> None:
     """`calibrate profile --model SPEC --device cpu|cuda --out DIR` (calibrate/profile.py)."""
-    from calibrate.commands import add_profile
+    from sim.cli.calibrate_commands import add_profile
 
     add_profile(commands)
 
 
 def register_validate(commands: argparse._SubParsersAction) -> None:
     """`calibrate validate SCENARIO --table DIR` (calibrate/validate.py, report.py)."""
-    from calibrate.commands import add_validate
+    from sim.cli.calibrate_commands import add_validate
 
     add_validate(commands)
 
@@ -56,6 +54,8 @@ def _register_fit(commands: argparse._SubParsersAction) -> None:
 
 
 def _fit(args: argparse.Namespace) -> int:
+    from calibrate.fit import fit_table, format_report
+    from sim.latency.table_format import FIT_FILE, TableError
     from sim.results.output_dir import OutputDirError, check_output_dir
 
     try:

@@ -1,7 +1,8 @@
 """`servesim capacity`: the back-of-envelope sheet, every term shown with its numbers.
 
-The report is a plain dict built by a pure function, so the text, the JSON
-and the tests all read the same numbers. Long context ("how much bigger is
+The numbers come from sim.config.capacity's pure `capacity_report` (a plain
+dict), so the text sheet formatted here, the JSON and the tests all read the
+same numbers. Long context ("how much bigger is
 the KV cache than the weights at 128k?"): `--context 128k` (k = 1024 tokens,
 the naming model cards use); the report gives one sequence's KV, the batch's
 and the whole KV pool's, each against the weights, and notes a context past
