@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from gpu_engine.kv_cache import PagedKVCache
-from gpu_engine.model import build_model
 from gpu_engine.runner import ModelRunner
+from gpu_engine.weights import build_model
 from sim.config.catalogue import get_model
 from sim.config.costs import flops_per_token, kv_bytes_per_token, weights_bytes
 from sim.config.specs import ModelSpec

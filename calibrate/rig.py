@@ -12,16 +12,17 @@ import math
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from calibrate.grid import GridLimits, default_grid
+from calibrate.settings import ProfileSettings
 from gpu_engine.engine import Engine
 from gpu_engine.kv_cache import PagedKVCache
-from gpu_engine.model import LlamaModel, build_model
+from gpu_engine.model import LlamaModel
 from gpu_engine.runner import ModelRunner
 from gpu_engine.setup import available_memory_bytes, resolve_device, resolve_dtype
+from gpu_engine.weights import build_model
 from sim.config.catalogue import get_model
 from sim.config.costs import activation_reserve_bytes, kv_bytes_per_token
 from sim.config.specs import ModelSpec
@@ -29,9 +30,6 @@ from sim.core.kv import PagedBlockManager
 from sim.core.schedulers import SchedulerSettings
 from sim.core.schedulers import build_scheduler as build_policy
 from sim.latency.table_format import TableMetadata
-
-if TYPE_CHECKING:
-    from calibrate.profile import ProfileSettings
 
 _HOST_SHARE = 0.25  # of free host memory the CPU profile's KV pool may take
 _DEVICE_SHARE = 0.7  # of free GPU memory (after weights): decode gathers need the rest

@@ -1,1 +1,3 @@
-"""The real PyTorch serving engine (built in a later issue); it runs sim.core's schedulers."""
+"""The real PyTorch serving engine: a Llama-architecture model over paged KV tensors, driven by
+sim.core's schedulers, built from a scenario by sim.assemble exactly as the simulator's replicas.
+"""

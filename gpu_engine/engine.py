@@ -1,38 +1,34 @@
-"""The engine loop: a `sim.core` scheduler driving real prefill and decode kernels.
+"""The engine: a `sim.core` scheduler driving real prefill and decode kernels, step by step.
 
-It follows the step contract of DESIGN.md exactly as the SimPy world does
-(sim/des.py), so the two produce the same plans for the same arrivals and
-latencies: arrivals that happen by the end of a step are added (each at its
-own arrival instant) before `on_step_done`, and are seen by the next
-`schedule()`; `close()` follows the last arrival; an idle engine waits for
-the next arrival or the scheduler's wakeup, and the step after the wait starts
-at that instant (the arrival's admission and the wait's lateness are part of
-the step). Arrival instants are accumulated the way SimPy does (previous
-arrival + gap) and a step ends at start + duration, so even float rounding
-agrees: the simulator fed a wall-clock replay's step durations reproduces its
-timestamps exactly (calibrate/recorded.py).
+`Engine.step` is the step contract on real kernels: schedule, run the plan
+(gpu_engine.runner; speculative steps gpu_engine.spec_step), sample, stream the
+tokens, apply. `Engine.replay` keeps the SimPy world's time exactly (arrival
+instants accumulated as SimPy does, a step ending at start + duration), so the
+simulator fed a wall-clock replay's step durations reproduces its timestamps
+(calibrate/recorded.py) and a virtual-clock replay makes the simulator's plans.
 
-Time comes from a clock: the wall clock (real serving, arrivals replayed in
-real time) or a virtual clock that a latency model advances by each step's
-predicted duration (the simulator's time, for testing the promise above and
-for what-if runs at real kernels' outputs). Either way every step is logged
-with its `StepShape`, its whole-step wall time and its device time.
+Time comes from a clock (gpu_engine.clock): the wall clock, or a virtual clock
+that a latency model advances by each step's predicted duration. Either way
+every step is logged with its `StepShape`, its whole-step wall time and its
+device time.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
+from gpu_engine.clock import VirtualClock, WallClock
 from gpu_engine.kv_cache import PagedKVCache
 from gpu_engine.model import LlamaModel
 from gpu_engine.prompts import prompt_token_ids
 from gpu_engine.runner import ModelRunner
 from gpu_engine.sampling import SamplingParams, make_generator, sample
-from gpu_engine.speculative import Draft, DraftRequest, ModelDrafter, NgramDrafter, verify
+from gpu_engine.spec_step import execute_speculative
+from gpu_engine.speculative import ModelDrafter, NgramDrafter
 from sim.core.plan import StepPlan, StepResult, StepShape
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
@@ -40,7 +36,6 @@ from sim.latency import LatencyModel
 from sim.results.metrics import RunRecorder
 
 _SEED_STRIDE = 1_000_003  # per-request sampling seeds: engine seed x stride + request id
-_SPIN_S = 0.002  # WallClock.wait_until busy-waits this long before its target
 GREEDY = SamplingParams()
 
 
@@ -77,43 +72,6 @@ class _Sequence:
     sampling: SamplingParams
     generator: torch.Generator | None
     stopped: bool = False  # hit EOS with stop_at_eos: the stream ends there
-
-
-class WallClock:
-    """Seconds since the clock was made, from the monotonic performance counter.
-
-    `spin_s`: how much of each idle wait is spent spinning rather than asleep; inf keeps
-    the core busy throughout (a sleeping virtual CPU runs the next tens of ms slower).
-    """
-
-    def __init__(self, spin_s: float = _SPIN_S) -> None:
-        self._origin = time.perf_counter()
-        self._spin_s = spin_s
-
-    def now(self) -> float:
-        return time.perf_counter() - self._origin
-
-    def wait_until(self, t_s: float) -> None:
-        """Sleep, then spin the last stretch: a loaded machine wakes a sleeper milliseconds
-        late, which would add to every idle arrival's TTFT (the simulator adds nothing)."""
-        delay_s = t_s - self.now() - self._spin_s
-        if delay_s > 0:
-            time.sleep(delay_s)
-        while self.now() < t_s:
-            pass
-
-
-@dataclass(slots=True)
-class VirtualClock:
-    """Time that moves only when told to: by a latency model's step time, or to an arrival."""
-
-    t_s: float = 0.0
-
-    def now(self) -> float:
-        return self.t_s
-
-    def wait_until(self, t_s: float) -> None:
-        self.t_s = max(self.t_s, t_s)
 
 
 @dataclass(slots=True)
@@ -219,7 +177,7 @@ class Engine:
         new_ids = [s.token_ids[ctx:ctx + n] for s, ctx, n in
                    zip(seqs, plan.context_tokens, plan.num_new_tokens, strict=True)]
         if plan.num_spec_tokens:
-            return self._execute_speculative(plan, seqs, new_ids)
+            return execute_speculative(self.runner, self.drafter, plan, seqs, new_ids)
         inputs = self.runner.prepare(new_ids, plan.context_tokens, plan.block_tables,
                                      plan.emits_token, min_seqs=plan.shape.padded_batch)
         emitting = [s for s, e in zip(seqs, plan.emits_token, strict=True) if e]
@@ -230,62 +188,6 @@ class Engine:
 
         token_ids, device_s = self.runner.execute(inputs, draw)
         return token_ids, (), device_s
-
-    def _execute_speculative(self, plan: StepPlan, seqs: list[_Sequence],
-                             new_ids: list[list[int]]
-                             ) -> tuple[list[int], tuple[int, ...], float]:
-        """Draft k_i tokens per speculating sequence, verify them all in one target pass."""
-        if self.drafter is None:
-            raise RuntimeError("the scheduler speculates but the engine has no drafter")
-        started = time.perf_counter()
-        for rid in plan.preempted_ids:
-            self.drafter.forget(rid)
-        ks = plan.num_spec_tokens
-        asks = [DraftRequest(s.request.request_id, s.token_ids, ctx, k, table, s.sampling,
-                             s.generator)
-                for s, ctx, k, table in zip(seqs, plan.context_tokens, ks, plan.block_tables,
-                                            strict=True) if k]
-        drafts = iter(self.drafter.propose(asks))
-        by_seq: list[Draft | None] = []
-        rows: list[int] = []  # logits rows: all 1 + k_i positions of a speculating sequence
-        start = 0
-        for i, (k, emits) in enumerate(zip(ks, plan.emits_token, strict=True)):
-            draft = next(drafts) if k else None
-            if draft is not None:
-                new_ids[i] = new_ids[i][:1] + list(draft.token_ids)
-            by_seq.append(draft)
-            end = start + len(new_ids[i])
-            if emits:
-                rows.extend(range(end - 1 - k, end))
-            start = end
-        inputs = self.runner.prepare(new_ids, plan.context_tokens, plan.block_tables,
-                                     plan.emits_token)
-        inputs = replace(inputs, logits_indices=torch.tensor(rows, device=inputs.token_ids.device))
-        counts: list[int] = []
-
-        def draw(logits: torch.Tensor) -> torch.Tensor:
-            out: list[int] = []
-            row = 0
-            for s, k, draft, emits in zip(seqs, ks, by_seq, plan.emits_token, strict=True):
-                if not emits:
-                    continue
-                if draft is None:
-                    token = sample(logits[row:row + 1], [s.sampling], [s.generator])
-                    emitted = [int(token[0])]
-                else:
-                    emitted = verify(logits[row:row + 1 + k], draft, s.sampling, s.generator)
-                    self.drafter.accepted(s.request.request_id, len(s.token_ids) - 1,
-                                          len(emitted) - 1, k)
-                out.extend(emitted)
-                counts.append(len(emitted))
-                row += 1 + k
-            return torch.tensor(out, dtype=torch.int64)
-
-        token_ids, _ = self.runner.execute(inputs, draw)
-        # the drafter's passes are kernels too: time the whole speculative step on the host
-        if self.runner.device.type == "cuda":
-            torch.cuda.synchronize()
-        return token_ids, tuple(counts), time.perf_counter() - started
 
     def _emit(self, plan: StepPlan, token_ids: list[int], counts: tuple[int, ...],
               now: float) -> None:

@@ -17,7 +17,8 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from gpu_engine.engine import StepLog, WallClock
+from gpu_engine.clock import WallClock
+from gpu_engine.engine import StepLog
 from gpu_engine.host import ThreadCpuClock, frozen_gc, steady_malloc
 from gpu_engine.runner import ModelRunner, block_width_bucket
 from gpu_engine.sampling import SamplingParams

@@ -17,9 +17,9 @@ import torch
 
 from gpu_engine.engine import Engine
 from gpu_engine.kv_cache import PagedKVCache
-from gpu_engine.model import build_model
 from gpu_engine.runner import ModelRunner
 from gpu_engine.speculative import ModelDrafter, NgramDrafter
+from gpu_engine.weights import build_model
 from sim.assemble import build_block_manager, build_scheduler, kv_budget
 from sim.config.costs import weights_bytes
 from sim.config.scenario import Scenario

@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 
 from gpu_engine.inputs import StepInputs, build_inputs  # noqa: E402
 from gpu_engine.kv_cache import PagedKVCache  # noqa: E402
-from gpu_engine.model import LlamaModel, build_model  # noqa: E402
+from gpu_engine.model import LlamaModel  # noqa: E402
+from gpu_engine.weights import build_model  # noqa: E402
 from sim.config.catalogue import get_model  # noqa: E402
 from sim.config.specs import ModelSpec, RopeScaling  # noqa: E402
 
