@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -49,10 +49,12 @@ class Rig:
     settings: SchedulerSettings
     seed: int
 
-    def fresh_engine(self) -> Engine:
-        """A new scheduler and block manager over the shared model, KV tensors and runner."""
+    def fresh_engine(self, speculative_tokens: int = 0) -> Engine:
+        """A new scheduler and block manager over the shared model, KV tensors and runner;
+        `speculative_tokens` k > 0 drafts k tokens per decode (the engine needs a drafter)."""
         blocks = PagedBlockManager(self.cache.num_blocks, self.cache.block_size)
-        scheduler = build_policy("continuous", blocks, self.settings)
+        settings = replace(self.settings, speculative_tokens=speculative_tokens)
+        scheduler = build_policy("continuous", blocks, settings)
         return Engine(self.model, self.cache, scheduler, self.runner, seed=self.seed)
 
 

@@ -46,7 +46,7 @@ class PointRun:
     def __init__(self, rig: Rig, point: GridPoint, steps_per_point: int,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         self.timer = timer
-        self.engine: Engine = rig.fresh_engine()
+        self.engine: Engine = rig.fresh_engine(point.spec_tokens)
         self.runner = self.engine.runner
         self.point = point
         self.recorder = RunRecorder()
@@ -103,7 +103,6 @@ class PointRun:
             self._shaping_step(sum(p.decode_contexts))
         if p.spec_tokens:  # verify k prompt-lookup drafts per decode (proposing is host work)
             self.engine.drafter = NgramDrafter()
-            self.engine.scheduler.speculative_tokens = p.spec_tokens  # type: ignore[attr-defined]
         chunk_prompt = p.chunk_context + p.chunk_tokens
         idle_gap_s = idle_gap_s if not p.num_decodes else 0.0
 

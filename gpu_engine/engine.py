@@ -2,7 +2,8 @@
 
 `Engine.step` is the step contract on real kernels: schedule, run the plan
 (gpu_engine.runner; speculative steps gpu_engine.spec_step), sample, stream the
-tokens, apply. `Engine.replay` keeps the SimPy world's time exactly (arrival
+tokens, apply. A replay's loop (arrivals, idle waits, closing) is
+sim.core.drive, the one that keeps the SimPy world's time exactly (arrival
 instants accumulated as SimPy does, a step ending at start + duration), so the
 simulator fed a wall-clock replay's step durations reproduces its timestamps
 (calibrate/recorded.py) and a virtual-clock replay makes the simulator's plans.
@@ -29,11 +30,13 @@ from gpu_engine.runner import ModelRunner
 from gpu_engine.sampling import SamplingParams, make_generator, sample
 from gpu_engine.spec_step import execute_speculative
 from gpu_engine.speculative import ModelDrafter, NgramDrafter
+from sim.core.drive import drive
 from sim.core.plan import StepPlan, StepResult, StepShape
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
 from sim.results.metrics import RunRecorder
+from sim.results.recording import record_step
 
 _SEED_STRIDE = 1_000_003  # per-request sampling seeds: engine seed x stride + request id
 GREEDY = SamplingParams()
@@ -226,15 +229,13 @@ class Engine:
     def record(self, plan: StepPlan, finished: list[Request], recorder: RunRecorder,
                on_done: Callable[[int], None] | None = None) -> None:
         """What replay does after each step (calibration times the same work): record the
-        step and its finished requests, forget those, drop the step's token events."""
+        step and its finished requests (sim.results.recording, as the simulator does),
+        forget those, drop the step's token events."""
         log = self.steps[-1]
-        recorder.record_step(log.start_s, log.duration_s, plan, self.scheduler.num_waiting,
-                             self.scheduler.num_running, self.scheduler.kv_blocks_used,
-                             log.kv_slots_held)
-        if getattr(self.scheduler, "speculative_tokens", 0):
-            recorder.record_speculation(plan, StepResult((), log.num_emitted))
+        speculating = self.scheduler.speculative_tokens > 0
+        record_step((recorder,), self.scheduler, log.start_s, log.duration_s, plan, finished,
+                    log.kv_slots_held, StepResult((), log.num_emitted) if speculating else None)
         for request in finished:
-            recorder.record_finished(request)
             self.release(request.request_id)
         if finished and on_done is not None:
             on_done(len(finished))
@@ -245,60 +246,27 @@ class Engine:
                on_done: Callable[[int], None] | None = None) -> float:
         """Serve `requests` (sorted by arrival) as they arrive; returns the end time in seconds.
 
-        Every step and finished or rejected request goes to `recorder`, as in
-        the simulator. Token streams are not kept: events are dropped per step.
+        The loop is sim.core.drive's, which keeps time as the simulator does: the
+        end of the last step, or the arrival or wakeup an idle wait was for. A step
+        after an idle wait starts at that instant, so the arrival's admission and the
+        wait's lateness count in the step (and in TTFT, which runs from the arrival);
+        the clock then only has to catch up with it. Every step and finished or
+        rejected request goes to `recorder`; token streams are not kept.
         """
-        pending = iter(requests)
-        upcoming: list[Request] = []  # at most one request read ahead
-        state = {"t_s": 0.0, "closed": False}
 
-        def next_arrival() -> Request | None:
-            if not upcoming:
-                nxt = next(pending, None)
-                if nxt is None:
-                    return None
-                upcoming.append(nxt)
-            return upcoming[0]
+        def add(request: Request, at_s: float) -> bool:
+            return self.add_request(request, sampling, now=at_s)
 
-        def admit_until(t_s: float) -> None:
-            while (req := next_arrival()) is not None:
-                gap_s = req.arrival_s - state["t_s"]
-                at_s = state["t_s"] + gap_s if gap_s > 0 else state["t_s"]  # as SimPy adds it
-                if at_s > t_s:
-                    return
-                upcoming.pop()
-                state["t_s"] = at_s
-                if not self.add_request(req, sampling, now=at_s):
-                    recorder.record_rejected(req)
-                    if on_done is not None:
-                        on_done(1)
-            if not state["closed"]:
-                state["closed"] = True
-                self.scheduler.close(state["t_s"])
+        def rejected(request: Request) -> None:
+            recorder.record_rejected(request)
+            if on_done is not None:
+                on_done(1)
 
-        # The engine's time as the simulator keeps it: the end of the last step, or the
-        # arrival or wakeup an idle wait was for. A step after an idle wait starts at that
-        # instant, so the arrival's admission and the wait's lateness count in the step (and
-        # in TTFT, which runs from the arrival) and arrivals after it are seen next step, as
-        # in the simulator; the clock then only has to catch up with it.
-        now_s = 0.0
-        admit_until(now_s)
-        while True:
-            outcome = self.step(admit_until, start_s=now_s)
-            if outcome is not None:
-                self.record(*outcome, recorder, on_done)
-                now_s = self.steps[-1].start_s + self.steps[-1].duration_s
-                continue
-            nxt = next_arrival()
-            wakeup_s = self.scheduler.next_wakeup(now_s)
-            if nxt is None and wakeup_s is None:
-                if not state["closed"]:
-                    admit_until(now_s)
-                    continue
-                return now_s
-            targets = [] if wakeup_s is None else [now_s + max(0.0, wakeup_s - now_s)]
-            if nxt is not None:  # as SimPy adds the gap to the last arrival
-                targets.append(state["t_s"] + max(0.0, nxt.arrival_s - state["t_s"]))
-            now_s = min(targets)
-            self.clock.wait_until(now_s)
-            admit_until(now_s)
+        def step(start_s: float, admit_until: Callable[[float], None]) -> float | None:
+            outcome = self.step(admit_until, start_s=start_s)
+            if outcome is None:
+                return None
+            self.record(*outcome, recorder, on_done)
+            return self.steps[-1].start_s + self.steps[-1].duration_s
+
+        return drive(self.scheduler, requests, step, add, rejected, self.clock.wait_until)

@@ -1,7 +1,8 @@
 """`servesim engine replay`: a scenario's workload served by the real engine.
 
-The result is the simulator's own `RunResult`, so the same summary, files and
-plots come out; the engine adds `engine_steps.csv` (every step's shape with
+The result is the simulator's own `RunResult` (sim.results.run, summarised by
+sim.results.summary), so the same summary, files and plots come out; the engine
+adds `engine_steps.csv` (every step's shape with
 its whole-step wall time and device time), which calibration reads.
 """
 
@@ -28,9 +29,8 @@ from sim.core.request import Request
 from sim.latency import LatencyModel
 from sim.results.metrics import RunRecorder
 from sim.results.run import RunResult
-from sim.results.summary import summarize
+from sim.results.summary import run_summary
 from sim.workload import make_requests
-from sim.world.replica import ReplicaSetup
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,15 +100,11 @@ def replay_scenario(scenario: Scenario, base_dir: Path | None = None,
             engine.clock = ThreadCpuClock() if clock == "cpu" else WallClock(spin_s=math.inf)
         engine.replay(requests, recorder, sampling, on_done=bar.update)
     wall_s = time.perf_counter() - started - setup_s
-    replica = ReplicaSetup(engine.scheduler, latency, recorder, setup.kv_manager)  # type: ignore[arg-type]
-    summary = summarize(scenario, setup.budget, recorder, [replica])
-    summary["replicas"] = []
     name = setup.description if latency is None else f"{setup.description}, virtual clock: " \
         f"{latency.name}"
-    summary["latency_model"] = name
-    summary["simulation_wall_s"] = wall_s
+    summary = run_summary(scenario, setup.budget, recorder, [setup.replica], name, wall_s)
     result = RunResult(scenario, summary, recorder, setup.budget,
-                       setup.kv_manager.num_usable_blocks, name, wall_s, (recorder,))
+                       setup.replica.kv.num_usable_blocks, name, wall_s, (recorder,))
     return EngineRun(result, setup, tuple(engine.steps), setup_s, malloc)
 
 

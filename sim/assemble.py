@@ -92,11 +92,9 @@ def build_scheduler(scenario: Scenario, kv: KVManager) -> Scheduler:
         batch_size=cfg.batch_size,
         max_wait_s=None if cfg.max_wait_ms is None else cfg.max_wait_ms / 1e3,
         preemption=cfg.preemption,
+        speculative_tokens=scenario.speculative.num_tokens,  # validated: continuous only
     )
-    scheduler = build_policy(cfg.policy, kv, settings)
-    if scenario.speculative.num_tokens:  # validated: continuous batching only
-        scheduler.speculative_tokens = scenario.speculative.num_tokens  # type: ignore[attr-defined]
-    return scheduler
+    return build_policy(cfg.policy, kv, settings)
 
 
 def build_replica(scenario: Scenario, budget: KVBudget) -> ReplicaParts:

@@ -17,14 +17,14 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from sim.assemble import build_block_manager, build_latency, build_scheduler, kv_budget
+from sim.assemble import build_latency, build_replica, kv_budget
 from sim.config.scenario import Scenario
 from sim.latency.draft import with_draft
 from sim.observe.diagnose import ReplicaObserver
 from sim.observe.trace import choose_requests
 from sim.results.metrics import RunRecorder
 from sim.results.run import RunResult
-from sim.results.summary import replica_rows, summarize
+from sim.results.summary import run_summary
 from sim.workload import make_requests
 from sim.world.fleet import simulate_fleet
 from sim.world.replica import ReplicaSetup
@@ -45,11 +45,11 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
     recorder = RunRecorder()
     setups = []
     for _ in range(scenario.replicas):
-        kv = build_block_manager(scenario, budget)
+        parts = build_replica(scenario, budget)
         latency_model = with_draft(scenario, build_latency(scenario, base_dir))
-        setups.append(ReplicaSetup(build_scheduler(scenario, kv), latency_model,
-                                   recorder if scenario.replicas == 1 else RunRecorder(), kv,
-                                   build_speculation(scenario)))
+        setups.append(ReplicaSetup(parts.scheduler, latency_model,
+                                   recorder if scenario.replicas == 1 else RunRecorder(),
+                                   parts.kv, build_speculation(scenario)))
     traced = choose_requests(array("q", (r.request_id for r in make_requests(
         scenario.workload, scenario.seed, base_dir))), timeline) if timeline else frozenset()
     setups = observe(setups, traced)
@@ -65,13 +65,8 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
                        on_done=bar.update)
     wall_s = time.perf_counter() - started
     timeline_frame = collect(setups, recorder)
-    summary = summarize(scenario, budget, recorder, setups)
-    # one replica: its row is the fleet summary (same recorder), no second summary
-    parts = [summarize(scenario, budget, s.recorder, [s]) for s in setups] if len(
-        setups) > 1 else [summary]
-    summary["replicas"] = replica_rows(parts, summary)
-    summary["latency_model"] = latency.name
-    summary["simulation_wall_s"] = wall_s
+    summary = run_summary(scenario, budget, recorder, setups, latency.name, wall_s,
+                          [s.recorder for s in setups])
     num_blocks = setups[0].kv.num_usable_blocks
     return RunResult(scenario, summary, recorder, budget, num_blocks, latency.name,
                      wall_s, tuple(s.recorder for s in setups), timeline_frame)

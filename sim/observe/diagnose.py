@@ -42,6 +42,7 @@ import pandas as pd
 
 from sim.core.plan import StepPlan, StepShape
 from sim.core.request import Request
+from sim.core.schedulers.base import Scheduler
 from sim.observe.trace import RequestTracer, WaitClock
 
 # the parts, in the order they are printed; they sum to ttft_ms
@@ -82,7 +83,7 @@ class TTFTDiagnoser:
 
     __slots__ = ("clock", "scheduler", "step_time", "_pending", "_cols")
 
-    def __init__(self, clock: WaitClock, scheduler: object,
+    def __init__(self, clock: WaitClock, scheduler: Scheduler,
                  step_time: Callable[[StepShape], float]) -> None:
         self.clock = clock
         self.scheduler = scheduler
@@ -96,7 +97,7 @@ class TTFTDiagnoser:
         idle_s, kv_s = self.clock.at(now_s)
         sched = self.scheduler
         self._pending[request.request_id] = _Pending(
-            now_s, idle_s, kv_s, sched.num_waiting - 1, sched.num_running,  # type: ignore
+            now_s, idle_s, kv_s, sched.num_waiting - 1, sched.num_running,
             request.prompt_tokens)
 
     def on_step(self, start_s: float, duration_s: float, plan: StepPlan) -> None:
@@ -179,7 +180,7 @@ class ReplicaObserver:
 
     __slots__ = ("clock", "diagnoser", "tracer")
 
-    def __init__(self, scheduler: object, step_time: Callable[[StepShape], float],
+    def __init__(self, scheduler: Scheduler, step_time: Callable[[StepShape], float],
                  traced: frozenset[int] = frozenset()) -> None:
         self.clock = WaitClock(scheduler)
         self.diagnoser = TTFTDiagnoser(self.clock, scheduler, step_time)

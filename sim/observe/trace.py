@@ -26,6 +26,7 @@ import pandas as pd
 
 from sim.core.plan import StepPlan
 from sim.core.request import Request
+from sim.core.schedulers.base import Scheduler
 
 WAIT_KINDS = ("queue", "batch_fill", "kv_wait", "preempted")
 RUN_KINDS = ("prefill", "recompute", "decode", "stalled")
@@ -51,25 +52,16 @@ class WaitClock:
 
     Why clocks: a waiting request's share of each is the clock's difference
     between its arrival and its admission, O(1) per request however long the
-    queue. A step counts as KV-blocked when it preempted, when the continuous
-    scheduler stopped admitting for lack of blocks (`kv_blocked`), or, for
-    request-level batching, while a batch runs that launched short because the
-    pool was full and requests were left waiting.
+    queue. A step counts as KV-blocked when it preempted, or when its scheduler
+    says it held requests back for lack of KV (`Scheduler.kv_blocked`: the
+    continuous scheduler stopped admitting for lack of blocks; request-level
+    batching runs a batch that launched short on a full pool, requests waiting).
     """
 
-    __slots__ = ("_scheduler", "_mode", "_batch", "_batch_kv", "idle_s", "kv_s", "start_s",
-                 "duration_s", "end_s", "kv_step")
+    __slots__ = ("_scheduler", "idle_s", "kv_s", "start_s", "duration_s", "end_s", "kv_step")
 
-    def __init__(self, scheduler: object) -> None:
+    def __init__(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
-        if hasattr(scheduler, "kv_blocked"):
-            self._mode = "continuous"
-        elif hasattr(scheduler, "batch") and hasattr(scheduler, "batch_size"):
-            self._mode = "batch"
-        else:
-            self._mode = "other"
-        self._batch: object | None = None
-        self._batch_kv = False
         self.idle_s = 0.0  # both clocks as read at start_s
         self.kv_s = 0.0
         self.start_s = self.duration_s = self.end_s = 0.0
@@ -81,23 +73,7 @@ class WaitClock:
         if start_s > self.end_s:
             self.idle_s += start_s - self.end_s
         self.start_s, self.duration_s, self.end_s = start_s, duration_s, start_s + duration_s
-        self.kv_step = self._blocked(plan)
-
-    def _blocked(self, plan: StepPlan) -> bool:
-        if plan.preempted_ids:
-            return True
-        sched = self._scheduler
-        if self._mode == "continuous":
-            return bool(sched.kv_blocked)  # type: ignore[attr-defined]
-        if self._mode == "batch":
-            batch = sched.batch  # type: ignore[attr-defined]
-            if batch is not self._batch:
-                self._batch = batch
-                # a launch that took fewer than B while requests still wait: the pool was full
-                self._batch_kv = (batch is not None and sched.num_waiting > 0  # type: ignore
-                                  and len(batch.members) < sched.batch_size)  # type: ignore
-            return self._batch_kv
-        return False
+        self.kv_step = bool(plan.preempted_ids) or self._scheduler.kv_blocked
 
     def at(self, t_s: float) -> tuple[float, float]:
         """(idle, KV-blocked) readings at `t_s`, which is at or after the current step's start."""

@@ -73,9 +73,31 @@ def summarize(scenario: Scenario, budget: KVBudget, recorder: RunRecorder,
         slo=slo, kv_blocks_total=kv.num_usable_blocks, block_size=scenario.kv.block_size,
         prefix_caching=scenario.kv.prefix_caching,
         cache_evictions=sum(s.kv.num_evictions for s in setups),
-        recomputed_tokens=sum(getattr(s.scheduler, "num_recomputed_tokens", 0) for s in setups),
+        recomputed_tokens=sum(s.scheduler.num_recomputed_tokens for s in setups),
         kv_bytes_per_token=budget.kv_bytes_per_token * scenario.hardware.count)
     summary["scheduler_policy"] = scenario.scheduler.policy  # `servesim explain` words by it
     if scenario.speculative.num_tokens:
         summary["speculative_tokens"] = scenario.speculative.num_tokens
+    return summary
+
+
+def run_summary(scenario: Scenario, budget: KVBudget, recorder: RunRecorder,
+                replicas: Sequence[Replica], latency_name: str, wall_s: float,
+                replica_recorders: Sequence[RunRecorder] = ()) -> dict[str, Any]:
+    """summary.json's content, for either world: the one place a run's summary is assembled.
+
+    `recorder` holds the whole run; `replica_recorders` (the simulator's, one per
+    replica, the fleet's own for one replica) give a row each under `replicas`,
+    which stays empty without them (the engine serves one replica). Then the
+    latency model's name and the run's wall time.
+    """
+    summary = summarize(scenario, budget, recorder, replicas)
+    if len(replica_recorders) > 1:
+        parts = [summarize(scenario, budget, rec, [replica])
+                 for rec, replica in zip(replica_recorders, replicas, strict=True)]
+    else:  # one replica: its row is the run's summary (same recorder), no second summary
+        parts = [summary] * len(replica_recorders)
+    summary["replicas"] = replica_rows(parts, summary)
+    summary["latency_model"] = latency_name
+    summary["simulation_wall_s"] = wall_s
     return summary

@@ -25,6 +25,7 @@ from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
 from sim.observe.trace import StepObserver
 from sim.results.metrics import RunRecorder
+from sim.results.recording import record_step
 
 SCRIPTED = StepResult()  # the simulator's outputs are scripted: no token values
 
@@ -64,8 +65,8 @@ class Replica:
     _cached: Callable[[Request], int] = field(default=_no_cache, init=False)
 
     def __post_init__(self) -> None:
-        # block managers without prefix caching have no lookup: nothing is cached
-        self._cached = getattr(self.kv, "cached_prefix_tokens", None) or _no_cache
+        if self.kv is not None:  # every KV pool answers (0 without a prefix cache)
+            self._cached = self.kv.cached_prefix_tokens
 
     # -- what a router reads (sim.world.router.ReplicaView) --------------------------
     @property
@@ -103,8 +104,9 @@ class Replica:
             self._wake.succeed()
 
     def run(self):  # noqa: ANN201 - a SimPy process generator
-        env, scheduler, recorder = self.env, self.scheduler, self.recorder
-        fleet = self.fleet_recorder
+        env, scheduler = self.env, self.scheduler
+        recorders = (self.recorder,) if self.fleet_recorder is None else (
+            self.recorder, self.fleet_recorder)
         step_time = self.latency.step_time
         speculate, observer = self.speculate, self.observer
         while True:
@@ -126,18 +128,7 @@ class Replica:
             yield env.timeout(duration_s)
             result = SCRIPTED if speculate is None else speculate(plan)
             finished = scheduler.on_step_done(plan, result, env.now)
-            if speculate is not None:
-                recorder.record_speculation(plan, result)
-                if fleet is not None:
-                    fleet.record_speculation(plan, result)
-            waiting, running, used = (scheduler.num_waiting, scheduler.num_running,
-                                      scheduler.kv_blocks_used)
-            recorder.record_step(start_s, duration_s, plan, waiting, running, used, held)
-            for request in finished:
-                recorder.record_finished(request)
-            if fleet is not None:
-                fleet.record_step(start_s, duration_s, plan, waiting, running, used, held)
-                for request in finished:
-                    fleet.record_finished(request)
+            record_step(recorders, scheduler, start_s, duration_s, plan, finished, held,
+                        None if speculate is None else result)
             if finished and self.on_done is not None:
                 self.on_done(len(finished))
