@@ -54,7 +54,8 @@ from calibrate.settings import ProfileSettings
 from calibrate.shaping import PointRun, shape_matches, to_measurement
 from gpu_engine.engine import StepLog
 from gpu_engine.host import TIMERS, ThreadCpuClock, frozen_gc, steady_malloc, torch_threads
-from sim.latency.table_format import Measurement, TableMetadata, write_measurements
+from sim.latency.table_files import write_measurements
+from sim.latency.table_format import Measurement, TableMetadata
 
 __all__ = ["ProfileResult", "ProfileSettings", "ThreadCpuClock", "frozen_gc", "profile_engine",
            "torch_threads"]  # ProfileSettings lives in calibrate.settings

@@ -39,7 +39,8 @@ from sim.config.sections import LatencyConfig
 from sim.config.speculative import BetaAlphaConfig, FixedAlphaConfig
 from sim.experiments.run import run_scenario
 from sim.latency import LatencyModel
-from sim.latency.table_format import TableMetadata, load_table, step_kind
+from sim.latency.table_files import load_table
+from sim.latency.table_format import TableMetadata, step_kind
 from sim.results.run import RunResult
 from sim.world.speculation import alpha_for_tokens_per_step
 

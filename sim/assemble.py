@@ -18,7 +18,8 @@ from sim.core.schedulers import Scheduler, SchedulerSettings
 from sim.core.schedulers import build_scheduler as build_policy
 from sim.latency import LatencyModel
 from sim.latency.roofline import RooflineLatency
-from sim.latency.table_format import TableError, open_table_latency
+from sim.latency.table_files import open_table_latency
+from sim.latency.table_format import TableError
 
 
 @dataclass(frozen=True, slots=True)

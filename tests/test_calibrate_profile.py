@@ -32,7 +32,7 @@ from gpu_engine.replay import replay_scenario  # noqa: E402
 from sim.cli import main  # noqa: E402
 from sim.config.catalogue import get_model  # noqa: E402
 from sim.config.loader import load_scenario  # noqa: E402
-from sim.latency.table_format import read_measurements, read_metadata  # noqa: E402
+from sim.latency.table_files import read_measurements, read_metadata  # noqa: E402
 
 LIMITS = GridLimits(256, 8, 512, 10**9, 20)
 
