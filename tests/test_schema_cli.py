@@ -8,9 +8,11 @@ import json
 import pytest
 from pydantic import BaseModel
 
+import sim.config.draws
 import sim.config.scenario
 import sim.config.sections
 import sim.config.speculative
+import sim.config.workload
 from sim.cli import build_parser, main
 from sim.cli.schema import field_docs
 from sim.config.scenario import SCHEMA_VERSION, Scenario
@@ -22,8 +24,9 @@ def schema_json(capsys: pytest.CaptureFixture[str]) -> dict:
 
 
 def scenario_models() -> list[type[BaseModel]]:
-    """Every section model the scenario schema defines outside the workload section."""
-    modules = (sim.config.scenario, sim.config.sections, sim.config.speculative)
+    """Every section model the scenario schema defines, the workload's included."""
+    modules = (sim.config.scenario, sim.config.sections, sim.config.speculative,
+               sim.config.workload, sim.config.draws)
     return [m for module in modules for m in vars(module).values() if isinstance(m, type)
             and issubclass(m, BaseModel) and m.__module__ == module.__name__
             and m.model_fields]

@@ -2,7 +2,8 @@
 
 It sits with the rest of the schema in sim.config, below sim.workload, which
 turns it into requests: the schema is what a user may write, the workload
-package what it means.
+package what it means. The draws it is made of (arrival processes, length and
+time distributions) are sim.config.draws.
 
 Two shapes, exactly one per workload: synthetic (`arrivals` + `prompt_tokens`
 + `output_tokens`, bounded by `num_requests` and/or `duration_s`) or a trace
@@ -16,129 +17,30 @@ answer).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-# text: JSONL with a prompt; the CSV formats are `sim.workload.csv_traces.CSV_FORMATS`
-TraceFormat = Literal["azure", "burstgpt", "vidur", "csv", "mooncake", "text"]
-Rate = Annotated[float, Field(gt=0, allow_inf_nan=False, description="requests per second")]
-Burstiness = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-Tokens = Annotated[int, Field(ge=1)]
-ColumnName = Annotated[str, Field(min_length=1)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PoissonArrivals(_Strict):
-    process: Literal["poisson"]
-    rate: Rate
-    burstiness: Burstiness = 1.0
-
-    @field_validator("burstiness")
-    @classmethod
-    def _exactly_one(cls, value: float) -> float:
-        if value != 1.0:
-            raise ValueError("poisson has burstiness 1 by definition; use process: gamma")
-        return value
+from sim.config.draws import (
+    ArrivalsConfig,
+    ColumnName,
+    LengthConfig,
+    Seconds,
+    TimeConfig,
+    Tokens,
+    TraceFormat,
+    WorkloadModel,
+)
 
 
-class GammaArrivals(_Strict):
-    process: Literal["gamma"]
-    rate: Rate
-    burstiness: Burstiness = 1.0
-
-
-class ConstantArrivals(_Strict):
-    process: Literal["constant"]
-    rate: Rate
-
-
-ArrivalsConfig = Annotated[
-    PoissonArrivals | GammaArrivals | ConstantArrivals, Field(discriminator="process")
-]
-
-
-class _Clipped(_Strict):
-    min: Tokens | None = None
-    max: Tokens | None = None
-
-    @model_validator(mode="after")
-    def _min_below_max(self) -> _Clipped:
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
-        return self
-
-
-class FixedConfig(_Clipped):
-    dist: Literal["fixed"]
-    value: Tokens
-
-
-class UniformConfig(_Clipped):
-    dist: Literal["uniform"]
-    low: Tokens
-    high: Tokens
-
-    @model_validator(mode="after")
-    def _low_below_high(self) -> UniformConfig:
-        if self.low > self.high:
-            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
-        return self
-
-
-class NormalConfig(_Clipped):
-    dist: Literal["normal"]
-    mean: Annotated[float, Field(ge=1, allow_inf_nan=False)]
-    std: Annotated[float, Field(ge=0, allow_inf_nan=False)]
-
-
-class LognormalConfig(_Clipped):
-    dist: Literal["lognormal"]
-    mean: Annotated[float, Field(ge=1, allow_inf_nan=False)]
-    cv: Annotated[float, Field(ge=0, allow_inf_nan=False, description="std / mean")]
-
-
-class EmpiricalConfig(_Clipped):
-    """Either literal `values` or a `trace` column (defaults to the field it sits under).
-
-    `column: prompt` / `output` are the trace's prompt / output lengths in its format's
-    columns; any other name is a column of the CSV (or a key of the JSONL rows) itself.
-    """
-
-    dist: Literal["empirical"]
-    values: Annotated[list[Tokens], Field(min_length=1)] | None = None
-    trace: str | None = None
-    format: TraceFormat | None = None
-    column: ColumnName | None = Field(
-        None, description="prompt, output, or a column of the file (e.g. 'Response tokens')"
-    )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> EmpiricalConfig:
-        if (self.values is None) == (self.trace is None):
-            raise ValueError("empirical needs exactly one of 'values' or 'trace'")
-        if self.trace is None and (self.format is not None or self.column is not None):
-            raise ValueError("'format' and 'column' only apply with 'trace'")
-        return self
-
-
-LengthConfig = Annotated[
-    FixedConfig | UniformConfig | NormalConfig | LognormalConfig | EmpiricalConfig,
-    Field(discriminator="dist"),
-]
-
-
-class TraceColumnsConfig(_Strict):
+class TraceColumnsConfig(WorkloadModel):
     """A CSV's own header names for the three trace columns (unset: the format's)."""
 
     arrival_s: ColumnName | None = Field(
         None, description="seconds or date-times; null: ignore the file's arrivals"
     )
-    prompt_tokens: ColumnName | None = None
-    output_tokens: ColumnName | None = None
+    prompt_tokens: ColumnName | None = Field(None, description="the column of prompt lengths")
+    output_tokens: ColumnName | None = Field(None, description="the column of output lengths")
 
     @model_validator(mode="after")
     def _lengths_not_null(self) -> TraceColumnsConfig:
@@ -152,7 +54,7 @@ class TraceColumnsConfig(_Strict):
         return self.model_dump(exclude_unset=True)
 
 
-class TraceConfig(_Strict):
+class TraceConfig(WorkloadModel):
     """`trace: FILE` is short for `trace: {path: FILE}`."""
 
     path: str = Field(
@@ -162,7 +64,8 @@ class TraceConfig(_Strict):
     columns: TraceColumnsConfig | None = Field(
         None, description="a CSV's own column names: {arrival_s, prompt_tokens, output_tokens}"
     )
-    time_scale: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
+    time_scale: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        1.0, description="divides the trace's arrival times: 2 replays it twice as fast")
 
     @model_validator(mode="before")
     @classmethod
@@ -179,62 +82,60 @@ class TraceConfig(_Strict):
 
 DEFAULT_UNIT_TOKENS = 16
 UnitTokens = Annotated[int, Field(ge=1, description="tokens per prefix content id")]
-Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
-class SharedPrefixConfig(_Strict):
+class SharedPrefixConfig(WorkloadModel):
     """A `fraction` of requests open with one of `num_prompts` system prompts of `tokens`."""
 
-    fraction: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
-    tokens: Tokens
-    num_prompts: Annotated[int, Field(ge=1)] = 1
-    unit_tokens: UnitTokens | None = None
+    fraction: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = Field(
+        description="share of requests that open with a system prompt")
+    tokens: Tokens = Field(description="length of each system prompt, tokens")
+    num_prompts: Annotated[int, Field(ge=1)] = Field(
+        1, description="distinct system prompts, chosen uniformly")
+    unit_tokens: UnitTokens | None = Field(
+        None, description="tokens per prefix content id (default 16, one KV block)")
 
 
-class FixedTime(_Strict):
-    dist: Literal["fixed"]
-    value_s: Seconds
-
-
-class ExponentialTime(_Strict):
-    dist: Literal["exponential"]
-    mean_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
-
-
-class LognormalTime(_Strict):
-    dist: Literal["lognormal"]
-    mean_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
-    cv: Annotated[float, Field(ge=0, allow_inf_nan=False, description="std / mean")]
-
-
-TimeConfig = Annotated[FixedTime | ExponentialTime | LognormalTime, Field(discriminator="dist")]
-
-
-class ConversationsConfig(_Strict):
+class ConversationsConfig(WorkloadModel):
     """Multi-turn chats: each turn's prompt is the previous prompt + answer + `user_tokens`."""
 
     turns: Tokens | LengthConfig = Field(description="turns per conversation (>= 1)")
-    user_tokens: LengthConfig
-    think_time_s: Seconds | TimeConfig = 0.0
+    user_tokens: LengthConfig = Field(description="tokens the user adds each turn after the "
+                                      "first")
+    think_time_s: Seconds | TimeConfig = Field(
+        0.0, description="seconds between an answer and the next turn: a number or a "
+        "distribution")
     assumed_tpot_s: Seconds = Field(
         0.0, description="next turn waits output_tokens * this before thinking"
     )
-    num_conversations: Annotated[int, Field(ge=1)] | None = None
+    num_conversations: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="most conversations started (default: no cap; num_requests and "
+        "duration_s still end the workload)")
     max_prompt_tokens: Tokens | None = Field(
         None, description="a conversation ends before a turn whose prompt would exceed this"
     )
-    unit_tokens: UnitTokens | None = None
+    unit_tokens: UnitTokens | None = Field(
+        None, description="tokens per prefix content id (default 16, one KV block)")
 
 
-class WorkloadConfig(_Strict):
-    arrivals: ArrivalsConfig | None = None
-    prompt_tokens: LengthConfig | None = None
-    output_tokens: LengthConfig | None = None
-    trace: TraceConfig | None = None
-    shared_prefix: SharedPrefixConfig | None = None
-    conversations: ConversationsConfig | None = None
-    num_requests: Annotated[int, Field(ge=1)] | None = None
-    duration_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+class WorkloadConfig(WorkloadModel):
+    """The requests: synthetic arrivals and lengths, or a trace replay."""
+
+    arrivals: ArrivalsConfig | None = Field(
+        None, description="when requests arrive (with a trace: times a trace without them)")
+    prompt_tokens: LengthConfig | None = Field(None, description="prompt lengths")
+    output_tokens: LengthConfig | None = Field(
+        None, description="output lengths (with a text trace: rows that give none)")
+    trace: TraceConfig | None = Field(None, description="replay a trace file instead of "
+                                      "drawing arrivals and lengths")
+    shared_prefix: SharedPrefixConfig | None = Field(
+        None, description="synthetic: some prompts open with a shared system prompt")
+    conversations: ConversationsConfig | None = Field(
+        None, description="synthetic: multi-turn chats, each turn extending the last")
+    num_requests: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="stop after this many requests")
+    duration_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        None, description="only requests arriving before this many seconds")
     tokenizer: Annotated[str, Field(min_length=1)] | None = Field(
         None,
         description="tokenizer for text prompts (a JSONL trace with 'prompt'): byte (default), "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.config.workload import (
+from sim.config.draws import (
     ConstantArrivals,
     EmpiricalConfig,
     ExponentialTime,
@@ -28,8 +28,8 @@ from sim.config.workload import (
     TimeConfig,
     TraceFormat,
     UniformConfig,
-    WorkloadConfig,
 )
+from sim.config.workload import WorkloadConfig
 from sim.workload.arrivals import ArrivalProcess
 from sim.workload.conversations import ConversationSpec, ThinkTime
 from sim.workload.lengths import (

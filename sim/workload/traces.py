@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.config.workload import TraceFormat
+from sim.config.draws import TraceFormat
 from sim.workload.csv_traces import (
     CSV_FORMATS,
     detect_csv_format,
