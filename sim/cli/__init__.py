@@ -9,6 +9,7 @@ torch); nothing imports this package. Ctrl-C and a closed pipe end any command q
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import warnings
@@ -65,6 +66,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _drop_stdout()
         return 141
+    except Exception as err:  # noqa: BLE001 - re-raised unless Ctrl-C caused it
+        if not _caused_by_interrupt(err):
+            raise
+        _stop_workers()
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _caused_by_interrupt(err: BaseException) -> bool:
+    """Whether `err` was raised while handling a Ctrl-C: a library that is interrupted in
+    its own clean-up (joblib starting its pool) raises its error from the KeyboardInterrupt."""
+    seen: BaseException | None = err
+    for _ in range(16):  # a chain is short; a cycle cannot hang the exit
+        if seen is None:
+            return False
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _stop_workers() -> None:
@@ -72,7 +92,9 @@ def _stop_workers() -> None:
     loky = sys.modules.get("joblib.externals.loky.reusable_executor")
     executor = getattr(loky, "_executor", None)
     if executor is not None:
-        executor.shutdown(wait=True, kill_workers=True)
+        # interrupted while the pool was starting: nothing runs yet, and shutdown may say so
+        with contextlib.suppress(RuntimeError):
+            executor.shutdown(wait=True, kill_workers=True)
 
 
 def _drop_stdout() -> None:
