@@ -115,7 +115,8 @@ def build_rig(settings: ProfileSettings) -> Rig:
     runner.warmup()
     scheduler = SchedulerSettings(max_num_seqs=settings.max_num_seqs,
                                   max_num_batched_tokens=settings.max_num_batched_tokens,
-                                  chunked_prefill=True, max_model_len=max_len)
+                                  chunked_prefill=True, max_model_len=max_len,
+                                  cuda_graphs=runner.use_graphs)
     return Rig(model, cache, runner, spec, device, dtype, max_len, pool, scheduler,
                settings.seed)
 

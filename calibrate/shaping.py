@@ -13,6 +13,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -27,17 +28,23 @@ from sim.latency.table_format import Measurement, step_kind
 from sim.results.metrics import RunRecorder
 
 
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    num_seqs: int  # what the engine logs as a step's rows
+    num_emitting: int
+
+
 class _NoKernels:
     """Stands in for the ModelRunner while requests are shaped: no kernels, token 0 each."""
 
     def prepare(self, new_token_ids: list[list[int]], context_tokens: tuple[int, ...],
                 block_tables: tuple[tuple[int, ...], ...], emits_token: tuple[bool, ...],
-                min_seqs: int = 0) -> int:
-        return sum(emits_token)
+                min_seqs: int = 0) -> _Rows:
+        return _Rows(max(min_seqs, len(new_token_ids)), sum(emits_token))
 
-    def execute(self, inputs: int, sample: Callable[[torch.Tensor], torch.Tensor]
+    def execute(self, inputs: _Rows, sample: Callable[[torch.Tensor], torch.Tensor]
                 ) -> tuple[list[int], float]:
-        return [0] * inputs, 0.0
+        return [0] * inputs.num_emitting, 0.0
 
 
 class PointRun:

@@ -66,6 +66,7 @@ class StepLog:
     num_seqs: int
     kv_slots_held: int  # while the step ran (before finishers freed theirs)
     num_emitted: tuple[int, ...] = ()  # speculative steps: tokens per emitting sequence
+    rows: int = 0  # sequences the kernels ran over, padding included: the plan's padded_batch
 
 
 @dataclass(slots=True, eq=False)
@@ -154,7 +155,7 @@ class Engine:
             self._busy_end_s = None
             return None
         held = self.scheduler.kv_slots_held
-        token_ids, counts, device_s = self._execute(plan)
+        token_ids, counts, device_s, rows = self._execute(plan)
         if self.latency is not None:
             duration_s = self.latency.step_time(plan.shape)
         else:
@@ -170,17 +171,18 @@ class Engine:
         result = StepResult(tuple(token_ids), counts)
         finished = self.scheduler.on_step_done(plan, result, end_s)
         self.steps.append(StepLog(start_s, duration_s, time.perf_counter() - started,
-                                  device_s, plan.shape, plan.batch_size, held, counts))
+                                  device_s, plan.shape, plan.batch_size, held, counts, rows))
         return plan, finished
 
-    def _execute(self, plan: StepPlan) -> tuple[list[int], tuple[int, ...], float]:
+    def _execute(self, plan: StepPlan) -> tuple[list[int], tuple[int, ...], float, int]:
         """Run the plan; returns every emitted token (in plan order), per-sequence counts
-        (empty = one each, no speculation) and the device seconds."""
+        (empty = one each, no speculation), the device seconds and the rows run."""
         seqs = [self._seqs[rid] for rid in plan.request_ids]
         new_ids = [s.token_ids[ctx:ctx + n] for s, ctx, n in
                    zip(seqs, plan.context_tokens, plan.num_new_tokens, strict=True)]
         if plan.num_spec_tokens:
-            return execute_speculative(self.runner, self.drafter, plan, seqs, new_ids)
+            return (*execute_speculative(self.runner, self.drafter, plan, seqs, new_ids),
+                    plan.batch_size)
         inputs = self.runner.prepare(new_ids, plan.context_tokens, plan.block_tables,
                                      plan.emits_token, min_seqs=plan.shape.padded_batch)
         emitting = [s for s, e in zip(seqs, plan.emits_token, strict=True) if e]
@@ -190,7 +192,7 @@ class Engine:
                           [s.generator for s in emitting])
 
         token_ids, device_s = self.runner.execute(inputs, draw)
-        return token_ids, (), device_s
+        return token_ids, (), device_s, inputs.num_seqs
 
     def _emit(self, plan: StepPlan, token_ids: list[int], counts: tuple[int, ...],
               now: float) -> None:

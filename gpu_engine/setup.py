@@ -130,7 +130,7 @@ def build_engine(scenario: Scenario, base_dir: Path | None = None,
     dtype = resolve_dtype(cfg.dtype, torch_device)
     budget = kv_budget(scenario)
     try:
-        replica = build_replica(scenario, budget)
+        replica = build_replica(scenario, budget, torch_device.type)
     except ValueError as err:
         raise EngineSetupError(str(err)) from None
     kv_manager = replica.kv
@@ -150,7 +150,8 @@ def build_engine(scenario: Scenario, base_dir: Path | None = None,
                                   torch_device)
     max_len = scenario.scheduler.max_model_len or spec.max_context_tokens
     runner = ModelRunner(model, cache, torch_device, scenario.scheduler.max_num_seqs,
-                         math.ceil(max_len / scenario.kv.block_size), cfg.cuda_graphs)
+                         math.ceil(max_len / scenario.kv.block_size),
+                         cfg.uses_cuda_graphs(torch_device.type))
     if cfg.warmup:
         runner.warmup()
     drafter = build_drafter(scenario, kv_manager.num_blocks, torch_device, dtype, seed)

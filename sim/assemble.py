@@ -82,7 +82,10 @@ def build_block_manager(scenario: Scenario, budget: KVBudget) -> KVManager:
                              enable_prefix_cache=kv.prefix_caching, host_swap_blocks=host_blocks)
 
 
-def build_scheduler(scenario: Scenario, kv: KVManager) -> Scheduler:
+def build_scheduler(scenario: Scenario, kv: KVManager, device: str | None = None) -> Scheduler:
+    """The scenario's policy over `kv`; `device` ("cpu" or "cuda") is where the engine runs
+    (None: the scenario's engine.device), which decides whether decode steps are padded to
+    CUDA-graph batch sizes (engine.cuda_graphs)."""
     cfg = scenario.scheduler
     settings = SchedulerSettings(
         max_num_seqs=cfg.max_num_seqs,
@@ -94,14 +97,17 @@ def build_scheduler(scenario: Scenario, kv: KVManager) -> Scheduler:
         max_wait_s=None if cfg.max_wait_ms is None else cfg.max_wait_ms / 1e3,
         preemption=cfg.preemption,
         speculative_tokens=scenario.speculative.num_tokens,  # validated: continuous only
+        cuda_graphs=scenario.engine.uses_cuda_graphs(device),
     )
     return build_policy(cfg.policy, kv, settings)
 
 
-def build_replica(scenario: Scenario, budget: KVBudget) -> ReplicaParts:
-    """A fresh pool from `budget` and a scheduler over it: every world's replica."""
+def build_replica(scenario: Scenario, budget: KVBudget, device: str | None = None
+                  ) -> ReplicaParts:
+    """A fresh pool from `budget` and a scheduler over it: every world's replica (`device`:
+    see build_scheduler)."""
     kv = build_block_manager(scenario, budget)
-    return ReplicaParts(kv, build_scheduler(scenario, kv))
+    return ReplicaParts(kv, build_scheduler(scenario, kv, device))
 
 
 def build_latency(scenario: Scenario, base_dir: Path | None = None) -> LatencyModel:

@@ -79,7 +79,8 @@ class Scenario(StrictModel):
     replicas: int = Field(1, ge=1, le=MAX_REPLICAS,
                           description="identical replicas, each of hardware.count GPUs")
     router: RouterConfig = Field(RouterConfig(), description="how a fleet spreads arrivals")
-    engine: EngineConfig = Field(EngineConfig(), description="`servesim engine replay` only")
+    engine: EngineConfig = Field(EngineConfig(), description="the engine: `servesim engine "
+                                 "replay` reads it; the simulator its cuda_graphs")
     speculative: SpeculativeConfig = Field(SpeculativeConfig(),
                                            description="speculative decoding")
 

@@ -170,7 +170,8 @@ class SamplingConfig(StrictModel):
 
 
 class EngineConfig(StrictModel):
-    """How `servesim engine replay` runs the scenario on the real PyTorch engine."""
+    """How the deployment's engine runs: `servesim engine replay` reads every field; the
+    simulator reads `cuda_graphs` (decode steps padded to graph sizes) with `device`."""
 
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if present")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
@@ -180,12 +181,23 @@ class EngineConfig(StrictModel):
         "null = random weights of the model's real shapes")
     seed: int | None = Field(None, ge=0, description="weights and synthetic prompts; "
                              "null = the scenario's seed")
-    cuda_graphs: bool = Field(True, description="capture decode steps in CUDA graphs")
+    cuda_graphs: bool | None = Field(
+        None, description="replay decode-only steps from CUDA graphs, each batch padded up to "
+        "a captured size (sim.core.batching): the engine runs the padding and the simulator's "
+        "plans and latency models count it; null = on for a GPU (vLLM's default), off where "
+        "the engine runs on a CPU (engine.device cpu, or auto without CUDA)")
     cpu_threads: int | None = Field(
         None, ge=1, description="torch's intra-op threads on the CPU; null = torch's default. "
         "1 keeps a small model's steps steady when other work shares the cores")
     warmup: bool = Field(True, description="run a few steps before the first arrival")
     sampling: SamplingConfig = Field(SamplingConfig(), description="the engine's sampler")
+
+    def uses_cuda_graphs(self, device: str | None = None) -> bool:
+        """Whether decode steps replay CUDA graphs on `device` ("cpu" or "cuda"; None = this
+        section's `device`, where "auto" is a GPU: a simulated deployment's default)."""
+        if self.cuda_graphs is not None:
+            return self.cuda_graphs
+        return (device or self.device) != "cpu"
 
 
 class RouterConfig(StrictModel):

@@ -32,6 +32,7 @@ class SchedulerSettings:
     max_wait_s: float | None = None  # dynamic: None = DEFAULT_MAX_WAIT_S; static: no timer
     preemption: str = "recompute"  # continuous: "recompute" or "swap"
     speculative_tokens: int = 0  # continuous: k drafts per decoding sequence per step
+    cuda_graphs: bool = False  # continuous: pad decode-only steps to CUDA-graph batch sizes
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,8 @@ class Policy:
 def _continuous(kv: KVManager, s: SchedulerSettings) -> Scheduler:
     return ContinuousScheduler(kv, s.max_num_seqs, s.max_num_batched_tokens, s.chunked_prefill,
                                s.max_model_len, max_output_tokens=s.max_output_tokens,
-                               preemption=s.preemption, speculative_tokens=s.speculative_tokens)
+                               preemption=s.preemption, speculative_tokens=s.speculative_tokens,
+                               cuda_graphs=s.cuda_graphs)
 
 
 def _request_level(kv: KVManager, s: SchedulerSettings) -> ContiguousAllocator:
