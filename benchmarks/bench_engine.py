@@ -8,7 +8,7 @@ bandwidth of a large tensor (bytes read + written per second) and the rate of
 a large square matmul in the engine's dtype. A decode step must read every
 weight and the batch's KV once, so (weights + KV bytes) / bandwidth is its
 floor; the table reports measured / floor (1.0 = at the floor). Prefill
-tokens/s is turned into FLOP/s with sim.specs' FLOP count and compared with
+tokens/s is turned into FLOP/s with sim.config.costs' FLOP count and compared with
 the matmul rate. Steps run through the engine's own runner (CUDA graphs for
 decode on CUDA) on synthetic block tables; KV contents do not affect timing.
 """
@@ -25,9 +25,11 @@ from pathlib import Path
 import torch
 
 from gpu_engine.kv_cache import PagedKVCache
-from gpu_engine.model import build_model
 from gpu_engine.runner import ModelRunner
-from sim.specs import ModelSpec, flops_per_token, get_model, kv_bytes_per_token, weights_bytes
+from gpu_engine.weights import build_model
+from sim.config.catalogue import get_model
+from sim.config.costs import flops_per_token, kv_bytes_per_token, weights_bytes
+from sim.config.specs import ModelSpec
 
 
 def _timed(device: torch.device, fn, repeats: int) -> float:  # noqa: ANN001

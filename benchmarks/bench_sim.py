@@ -29,8 +29,8 @@ def scenario_dict(num_requests: int, rate: float) -> dict:
 
 
 def one_point(num_requests: int, rate: float) -> dict:
-    from sim.run import run_scenario
-    from sim.scenario import Scenario
+    from sim.config.scenario import Scenario
+    from sim.experiments.run import run_scenario
 
     scenario = Scenario.model_validate(scenario_dict(num_requests, rate))
     rss_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

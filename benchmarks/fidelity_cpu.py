@@ -42,7 +42,7 @@ from calibrate.report import (  # noqa: E402
 )
 from calibrate.rig import git_commit  # noqa: E402
 from calibrate.validate import Fidelity, validate  # noqa: E402
-from sim.scenario import load_scenario  # noqa: E402
+from sim.config.loader import load_scenario  # noqa: E402
 
 SCENARIOS = (REPO / "scenarios" / "calibrate_cpu.yaml",
              REPO / "scenarios" / "calibrate_cpu_speculative.yaml")

@@ -20,8 +20,8 @@ from pathlib import Path
 from calibrate.fit import FitReport, fit_table
 from calibrate.profile import ProfileResult, ProfileSettings, profile_engine
 from calibrate.validate import EngineReplay, Fidelity, compare, run_engine
-from sim.scenario import Scenario
-from sim.specs import get_model
+from sim.config.catalogue import get_model
+from sim.config.scenario import Scenario
 
 
 @dataclass(frozen=True, slots=True)

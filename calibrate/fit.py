@@ -39,15 +39,8 @@ from sim.latency.table import (
     starts_from_idle,
     step_features,
 )
-from sim.latency.table_format import (
-    KINDS,
-    Measurement,
-    TableError,
-    measurements_sha256,
-    read_measurements,
-    read_metadata,
-    write_fit,
-)
+from sim.latency.table_files import measurements_sha256, read_measurements, read_metadata, write_fit
+from sim.latency.table_format import KINDS, Measurement, TableError
 
 FEATURES = {
     "rows": "token rows the matmuls run over: prefill tokens + decodes x decode_query_tokens "

@@ -40,7 +40,7 @@ from calibrate.fit import fit_table, format_report  # noqa: E402
 from calibrate.profile import ProfileSettings, profile_engine  # noqa: E402
 from calibrate.report import metrics_markdown, report_dict, write_report  # noqa: E402
 from calibrate.validate import validate  # noqa: E402
-from sim.scenario import validate_scenario  # noqa: E402
+from sim.config.loader import validate_scenario  # noqa: E402
 from sim.workload import make_requests  # noqa: E402
 
 TRACE = "builtin:azure_conv"  # shipped with servesim (sim/workload/data/traces)

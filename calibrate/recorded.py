@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_engine.engine import StepLog
+from sim.assemble import build_replica, kv_budget
+from sim.config.scenario import Scenario
 from sim.core.plan import StepPlan, StepResult, StepShape
-from sim.des import ReplicaSetup, simulate_fleet
-from sim.metrics import RunRecorder
-from sim.run import build_block_manager, build_scheduler, kv_budget
-from sim.scenario import Scenario
+from sim.results.metrics import RunRecorder
 from sim.workload import make_requests
+from sim.world.fleet import simulate_fleet
+from sim.world.replica import ReplicaSetup
 
 
 class Diverged(RuntimeError):
@@ -69,11 +70,11 @@ def resimulate(scenario: Scenario, base_dir: Path | None, steps: Sequence[StepLo
 
     Raises `Diverged` where a plan differs or the step counts do not match.
     """
-    kv = build_block_manager(scenario, kv_budget(scenario))
+    replica = build_replica(scenario, kv_budget(scenario))
     latency = RecordedSteps(steps)
     recorder = RunRecorder()
     speculate = latency.emitted if scenario.speculative.num_tokens else None
-    setup = ReplicaSetup(build_scheduler(scenario, kv), latency, recorder, kv, speculate)
+    setup = ReplicaSetup(replica.scheduler, latency, recorder, replica.kv, speculate)
     simulate_fleet(make_requests(scenario.workload, scenario.seed, base_dir), [setup], None,
                    None, recorder)
     if latency.unused:

@@ -10,26 +10,26 @@ from __future__ import annotations
 
 import math
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from calibrate.grid import GridLimits, default_grid
+from calibrate.settings import ProfileSettings
 from gpu_engine.engine import Engine
 from gpu_engine.kv_cache import PagedKVCache
-from gpu_engine.model import LlamaModel, build_model
+from gpu_engine.model import LlamaModel
 from gpu_engine.runner import ModelRunner
 from gpu_engine.setup import available_memory_bytes, resolve_device, resolve_dtype
+from gpu_engine.weights import build_model
+from sim.config.catalogue import get_model
+from sim.config.costs import activation_reserve_bytes, kv_bytes_per_token
+from sim.config.specs import ModelSpec
 from sim.core.kv import PagedBlockManager
 from sim.core.schedulers import SchedulerSettings
 from sim.core.schedulers import build_scheduler as build_policy
 from sim.latency.table_format import TableMetadata
-from sim.specs import ModelSpec, activation_reserve_bytes, get_model, kv_bytes_per_token
-
-if TYPE_CHECKING:
-    from calibrate.profile import ProfileSettings
 
 _HOST_SHARE = 0.25  # of free host memory the CPU profile's KV pool may take
 _DEVICE_SHARE = 0.7  # of free GPU memory (after weights): decode gathers need the rest
@@ -49,10 +49,12 @@ class Rig:
     settings: SchedulerSettings
     seed: int
 
-    def fresh_engine(self) -> Engine:
-        """A new scheduler and block manager over the shared model, KV tensors and runner."""
+    def fresh_engine(self, speculative_tokens: int = 0) -> Engine:
+        """A new scheduler and block manager over the shared model, KV tensors and runner;
+        `speculative_tokens` k > 0 drafts k tokens per decode (the engine needs a drafter)."""
         blocks = PagedBlockManager(self.cache.num_blocks, self.cache.block_size)
-        scheduler = build_policy("continuous", blocks, self.settings)
+        settings = replace(self.settings, speculative_tokens=speculative_tokens)
+        scheduler = build_policy("continuous", blocks, settings)
         return Engine(self.model, self.cache, scheduler, self.runner, seed=self.seed)
 
 
@@ -113,7 +115,8 @@ def build_rig(settings: ProfileSettings) -> Rig:
     runner.warmup()
     scheduler = SchedulerSettings(max_num_seqs=settings.max_num_seqs,
                                   max_num_batched_tokens=settings.max_num_batched_tokens,
-                                  chunked_prefill=True, max_model_len=max_len)
+                                  chunked_prefill=True, max_model_len=max_len,
+                                  cuda_graphs=runner.use_graphs)
     return Rig(model, cache, runner, spec, device, dtype, max_len, pool, scheduler,
                settings.seed)
 

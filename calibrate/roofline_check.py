@@ -22,8 +22,9 @@ import numpy as np
 
 from calibrate.measured import ModelShape
 from calibrate.measured_kernels import AttentionShape
+from sim.config.catalogue import get_hardware
+from sim.config.specs import HardwareSpec
 from sim.latency.roofline import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_COMPUTE_EFFICIENCY
-from sim.specs import HardwareSpec, get_hardware
 
 # The catalogue entry each measured device name stands for (both sources' H100s are SXM).
 DEVICE_HARDWARE = {"h100": "h100-sxm", "a100": "a100-80gb"}

@@ -13,17 +13,25 @@ import itertools
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from calibrate.grid import GridPoint
 from calibrate.rig import Rig
-from gpu_engine.engine import Engine, StepLog, WallClock
+from gpu_engine.clock import WallClock
+from gpu_engine.engine import Engine, StepLog
 from gpu_engine.speculative import NgramDrafter
 from sim.core.request import Request
 from sim.latency.table_format import Measurement, step_kind
-from sim.metrics import RunRecorder
+from sim.results.metrics import RunRecorder
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    num_seqs: int  # what the engine logs as a step's rows
+    num_emitting: int
 
 
 class _NoKernels:
@@ -31,12 +39,12 @@ class _NoKernels:
 
     def prepare(self, new_token_ids: list[list[int]], context_tokens: tuple[int, ...],
                 block_tables: tuple[tuple[int, ...], ...], emits_token: tuple[bool, ...],
-                min_seqs: int = 0) -> int:
-        return sum(emits_token)
+                min_seqs: int = 0) -> _Rows:
+        return _Rows(max(min_seqs, len(new_token_ids)), sum(emits_token))
 
-    def execute(self, inputs: int, sample: Callable[[torch.Tensor], torch.Tensor]
+    def execute(self, inputs: _Rows, sample: Callable[[torch.Tensor], torch.Tensor]
                 ) -> tuple[list[int], float]:
-        return [0] * inputs, 0.0
+        return [0] * inputs.num_emitting, 0.0
 
 
 class PointRun:
@@ -45,7 +53,7 @@ class PointRun:
     def __init__(self, rig: Rig, point: GridPoint, steps_per_point: int,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         self.timer = timer
-        self.engine: Engine = rig.fresh_engine()
+        self.engine: Engine = rig.fresh_engine(point.spec_tokens)
         self.runner = self.engine.runner
         self.point = point
         self.recorder = RunRecorder()
@@ -102,7 +110,6 @@ class PointRun:
             self._shaping_step(sum(p.decode_contexts))
         if p.spec_tokens:  # verify k prompt-lookup drafts per decode (proposing is host work)
             self.engine.drafter = NgramDrafter()
-            self.engine.scheduler.speculative_tokens = p.spec_tokens  # type: ignore[attr-defined]
         chunk_prompt = p.chunk_context + p.chunk_tokens
         idle_gap_s = idle_gap_s if not p.num_decodes else 0.0
 

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.config.specs import ModelSpec
 from sim.core.plan import StepShape
 from sim.latency.table import step_features
-from sim.latency.table_format import Measurement, TableMetadata, write_measurements
-from sim.specs import ModelSpec
+from sim.latency.table_files import write_measurements
+from sim.latency.table_format import Measurement, TableMetadata
 
 CostMs = Callable[[StepShape], float]  # step shape -> ms
 P90_Z = 1.2816  # standard normal quantile of 0.9

@@ -32,17 +32,17 @@ from calibrate.rig import git_commit
 from gpu_engine.engine import StepLog
 from gpu_engine.host import torch_threads
 from gpu_engine.replay import replay_scenario
+from sim.assemble import build_latency
+from sim.config.loader import load_scenario
+from sim.config.scenario import Scenario
+from sim.config.sections import LatencyConfig
+from sim.config.speculative import BetaAlphaConfig, FixedAlphaConfig
+from sim.experiments.run import run_scenario
 from sim.latency import LatencyModel
-from sim.latency.table_format import TableMetadata, load_table, step_kind
-from sim.run import RunResult, build_latency, run_scenario
-from sim.scenario import (
-    BetaAlphaConfig,
-    FixedAlphaConfig,
-    LatencyConfig,
-    Scenario,
-    load_scenario,
-)
-from sim.speculative import alpha_for_tokens_per_step
+from sim.latency.table_files import load_table
+from sim.latency.table_format import TableMetadata, step_kind
+from sim.results.run import RunResult
+from sim.world.speculation import alpha_for_tokens_per_step
 
 # (summary key, label, unit): the metrics the fidelity report compares
 METRICS: tuple[tuple[str, str, str], ...] = (
@@ -224,7 +224,7 @@ def engine_acceptance(summary: dict[str, Any], requests: pd.DataFrame | None = N
     """What an engine run's speculation measured, and the acceptance that reproduces it.
 
     `alpha`: the fixed alpha with the engine's pooled tokens per verify
-    (sim.speculative's i.i.d. acceptance). `alpha_std`: the spread of its requests'
+    (sim.world.speculation's i.i.d. acceptance). `alpha_std`: the spread of its requests'
     own alphas (from each request's drafted / accepted counts in `requests`), which
     the simulator draws per request from a Beta with mean `alpha`: how much one
     request's drafts match differs a lot between requests, and that spread is what

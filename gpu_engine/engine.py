@@ -1,46 +1,44 @@
-"""The engine loop: a `sim.core` scheduler driving real prefill and decode kernels.
+"""The engine: a `sim.core` scheduler driving real prefill and decode kernels, step by step.
 
-It follows the step contract of DESIGN.md exactly as the SimPy world does
-(sim/des.py), so the two produce the same plans for the same arrivals and
-latencies: arrivals that happen by the end of a step are added (each at its
-own arrival instant) before `on_step_done`, and are seen by the next
-`schedule()`; `close()` follows the last arrival; an idle engine waits for
-the next arrival or the scheduler's wakeup, and the step after the wait starts
-at that instant (the arrival's admission and the wait's lateness are part of
-the step). Arrival instants are accumulated the way SimPy does (previous
-arrival + gap) and a step ends at start + duration, so even float rounding
-agrees: the simulator fed a wall-clock replay's step durations reproduces its
-timestamps exactly (calibrate/recorded.py).
+`Engine.step` is the step contract on real kernels: schedule, run the plan
+(gpu_engine.runner; speculative steps gpu_engine.spec_step), sample, stream the
+tokens, apply. A replay's loop (arrivals, idle waits, closing) is
+sim.core.drive, the one that keeps the SimPy world's time exactly (arrival
+instants accumulated as SimPy does, a step ending at start + duration), so the
+simulator fed a wall-clock replay's step durations reproduces its timestamps
+(calibrate/recorded.py) and a virtual-clock replay makes the simulator's plans.
 
-Time comes from a clock: the wall clock (real serving, arrivals replayed in
-real time) or a virtual clock that a latency model advances by each step's
-predicted duration (the simulator's time, for testing the promise above and
-for what-if runs at real kernels' outputs). Either way every step is logged
-with its `StepShape`, its whole-step wall time and its device time.
+Time comes from a clock (gpu_engine.clock): the wall clock, or a virtual clock
+that a latency model advances by each step's predicted duration. Either way
+every step is logged with its `StepShape`, its whole-step wall time and its
+device time.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
+from gpu_engine.clock import VirtualClock, WallClock
 from gpu_engine.kv_cache import PagedKVCache
 from gpu_engine.model import LlamaModel
 from gpu_engine.prompts import prompt_token_ids
 from gpu_engine.runner import ModelRunner
 from gpu_engine.sampling import SamplingParams, make_generator, sample
-from gpu_engine.speculative import Draft, DraftRequest, ModelDrafter, NgramDrafter, verify
+from gpu_engine.spec_step import execute_speculative
+from gpu_engine.speculative import ModelDrafter, NgramDrafter
+from sim.core.drive import drive
 from sim.core.plan import StepPlan, StepResult, StepShape
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
-from sim.metrics import RunRecorder
+from sim.results.metrics import RunRecorder
+from sim.results.recording import record_step
 
 _SEED_STRIDE = 1_000_003  # per-request sampling seeds: engine seed x stride + request id
-_SPIN_S = 0.002  # WallClock.wait_until busy-waits this long before its target
 GREEDY = SamplingParams()
 
 
@@ -68,6 +66,7 @@ class StepLog:
     num_seqs: int
     kv_slots_held: int  # while the step ran (before finishers freed theirs)
     num_emitted: tuple[int, ...] = ()  # speculative steps: tokens per emitting sequence
+    rows: int = 0  # sequences the kernels ran over, padding included: the plan's padded_batch
 
 
 @dataclass(slots=True, eq=False)
@@ -77,43 +76,6 @@ class _Sequence:
     sampling: SamplingParams
     generator: torch.Generator | None
     stopped: bool = False  # hit EOS with stop_at_eos: the stream ends there
-
-
-class WallClock:
-    """Seconds since the clock was made, from the monotonic performance counter.
-
-    `spin_s`: how much of each idle wait is spent spinning rather than asleep; inf keeps
-    the core busy throughout (a sleeping virtual CPU runs the next tens of ms slower).
-    """
-
-    def __init__(self, spin_s: float = _SPIN_S) -> None:
-        self._origin = time.perf_counter()
-        self._spin_s = spin_s
-
-    def now(self) -> float:
-        return time.perf_counter() - self._origin
-
-    def wait_until(self, t_s: float) -> None:
-        """Sleep, then spin the last stretch: a loaded machine wakes a sleeper milliseconds
-        late, which would add to every idle arrival's TTFT (the simulator adds nothing)."""
-        delay_s = t_s - self.now() - self._spin_s
-        if delay_s > 0:
-            time.sleep(delay_s)
-        while self.now() < t_s:
-            pass
-
-
-@dataclass(slots=True)
-class VirtualClock:
-    """Time that moves only when told to: by a latency model's step time, or to an arrival."""
-
-    t_s: float = 0.0
-
-    def now(self) -> float:
-        return self.t_s
-
-    def wait_until(self, t_s: float) -> None:
-        self.t_s = max(self.t_s, t_s)
 
 
 @dataclass(slots=True)
@@ -193,7 +155,7 @@ class Engine:
             self._busy_end_s = None
             return None
         held = self.scheduler.kv_slots_held
-        token_ids, counts, device_s = self._execute(plan)
+        token_ids, counts, device_s, rows = self._execute(plan)
         if self.latency is not None:
             duration_s = self.latency.step_time(plan.shape)
         else:
@@ -209,17 +171,18 @@ class Engine:
         result = StepResult(tuple(token_ids), counts)
         finished = self.scheduler.on_step_done(plan, result, end_s)
         self.steps.append(StepLog(start_s, duration_s, time.perf_counter() - started,
-                                  device_s, plan.shape, plan.batch_size, held, counts))
+                                  device_s, plan.shape, plan.batch_size, held, counts, rows))
         return plan, finished
 
-    def _execute(self, plan: StepPlan) -> tuple[list[int], tuple[int, ...], float]:
+    def _execute(self, plan: StepPlan) -> tuple[list[int], tuple[int, ...], float, int]:
         """Run the plan; returns every emitted token (in plan order), per-sequence counts
-        (empty = one each, no speculation) and the device seconds."""
+        (empty = one each, no speculation), the device seconds and the rows run."""
         seqs = [self._seqs[rid] for rid in plan.request_ids]
         new_ids = [s.token_ids[ctx:ctx + n] for s, ctx, n in
                    zip(seqs, plan.context_tokens, plan.num_new_tokens, strict=True)]
         if plan.num_spec_tokens:
-            return self._execute_speculative(plan, seqs, new_ids)
+            return (*execute_speculative(self.runner, self.drafter, plan, seqs, new_ids),
+                    plan.batch_size)
         inputs = self.runner.prepare(new_ids, plan.context_tokens, plan.block_tables,
                                      plan.emits_token, min_seqs=plan.shape.padded_batch)
         emitting = [s for s, e in zip(seqs, plan.emits_token, strict=True) if e]
@@ -229,63 +192,7 @@ class Engine:
                           [s.generator for s in emitting])
 
         token_ids, device_s = self.runner.execute(inputs, draw)
-        return token_ids, (), device_s
-
-    def _execute_speculative(self, plan: StepPlan, seqs: list[_Sequence],
-                             new_ids: list[list[int]]
-                             ) -> tuple[list[int], tuple[int, ...], float]:
-        """Draft k_i tokens per speculating sequence, verify them all in one target pass."""
-        if self.drafter is None:
-            raise RuntimeError("the scheduler speculates but the engine has no drafter")
-        started = time.perf_counter()
-        for rid in plan.preempted_ids:
-            self.drafter.forget(rid)
-        ks = plan.num_spec_tokens
-        asks = [DraftRequest(s.request.request_id, s.token_ids, ctx, k, table, s.sampling,
-                             s.generator)
-                for s, ctx, k, table in zip(seqs, plan.context_tokens, ks, plan.block_tables,
-                                            strict=True) if k]
-        drafts = iter(self.drafter.propose(asks))
-        by_seq: list[Draft | None] = []
-        rows: list[int] = []  # logits rows: all 1 + k_i positions of a speculating sequence
-        start = 0
-        for i, (k, emits) in enumerate(zip(ks, plan.emits_token, strict=True)):
-            draft = next(drafts) if k else None
-            if draft is not None:
-                new_ids[i] = new_ids[i][:1] + list(draft.token_ids)
-            by_seq.append(draft)
-            end = start + len(new_ids[i])
-            if emits:
-                rows.extend(range(end - 1 - k, end))
-            start = end
-        inputs = self.runner.prepare(new_ids, plan.context_tokens, plan.block_tables,
-                                     plan.emits_token)
-        inputs = replace(inputs, logits_indices=torch.tensor(rows, device=inputs.token_ids.device))
-        counts: list[int] = []
-
-        def draw(logits: torch.Tensor) -> torch.Tensor:
-            out: list[int] = []
-            row = 0
-            for s, k, draft, emits in zip(seqs, ks, by_seq, plan.emits_token, strict=True):
-                if not emits:
-                    continue
-                if draft is None:
-                    token = sample(logits[row:row + 1], [s.sampling], [s.generator])
-                    emitted = [int(token[0])]
-                else:
-                    emitted = verify(logits[row:row + 1 + k], draft, s.sampling, s.generator)
-                    self.drafter.accepted(s.request.request_id, len(s.token_ids) - 1,
-                                          len(emitted) - 1, k)
-                out.extend(emitted)
-                counts.append(len(emitted))
-                row += 1 + k
-            return torch.tensor(out, dtype=torch.int64)
-
-        token_ids, _ = self.runner.execute(inputs, draw)
-        # the drafter's passes are kernels too: time the whole speculative step on the host
-        if self.runner.device.type == "cuda":
-            torch.cuda.synchronize()
-        return token_ids, tuple(counts), time.perf_counter() - started
+        return token_ids, (), device_s, inputs.num_seqs
 
     def _emit(self, plan: StepPlan, token_ids: list[int], counts: tuple[int, ...],
               now: float) -> None:
@@ -324,15 +231,13 @@ class Engine:
     def record(self, plan: StepPlan, finished: list[Request], recorder: RunRecorder,
                on_done: Callable[[int], None] | None = None) -> None:
         """What replay does after each step (calibration times the same work): record the
-        step and its finished requests, forget those, drop the step's token events."""
+        step and its finished requests (sim.results.recording, as the simulator does),
+        forget those, drop the step's token events."""
         log = self.steps[-1]
-        recorder.record_step(log.start_s, log.duration_s, plan, self.scheduler.num_waiting,
-                             self.scheduler.num_running, self.scheduler.kv_blocks_used,
-                             log.kv_slots_held)
-        if getattr(self.scheduler, "speculative_tokens", 0):
-            recorder.record_speculation(plan, StepResult((), log.num_emitted))
+        speculating = self.scheduler.speculative_tokens > 0
+        record_step((recorder,), self.scheduler, log.start_s, log.duration_s, plan, finished,
+                    log.kv_slots_held, StepResult((), log.num_emitted) if speculating else None)
         for request in finished:
-            recorder.record_finished(request)
             self.release(request.request_id)
         if finished and on_done is not None:
             on_done(len(finished))
@@ -343,60 +248,27 @@ class Engine:
                on_done: Callable[[int], None] | None = None) -> float:
         """Serve `requests` (sorted by arrival) as they arrive; returns the end time in seconds.
 
-        Every step and finished or rejected request goes to `recorder`, as in
-        the simulator. Token streams are not kept: events are dropped per step.
+        The loop is sim.core.drive's, which keeps time as the simulator does: the
+        end of the last step, or the arrival or wakeup an idle wait was for. A step
+        after an idle wait starts at that instant, so the arrival's admission and the
+        wait's lateness count in the step (and in TTFT, which runs from the arrival);
+        the clock then only has to catch up with it. Every step and finished or
+        rejected request goes to `recorder`; token streams are not kept.
         """
-        pending = iter(requests)
-        upcoming: list[Request] = []  # at most one request read ahead
-        state = {"t_s": 0.0, "closed": False}
 
-        def next_arrival() -> Request | None:
-            if not upcoming:
-                nxt = next(pending, None)
-                if nxt is None:
-                    return None
-                upcoming.append(nxt)
-            return upcoming[0]
+        def add(request: Request, at_s: float) -> bool:
+            return self.add_request(request, sampling, now=at_s)
 
-        def admit_until(t_s: float) -> None:
-            while (req := next_arrival()) is not None:
-                gap_s = req.arrival_s - state["t_s"]
-                at_s = state["t_s"] + gap_s if gap_s > 0 else state["t_s"]  # as SimPy adds it
-                if at_s > t_s:
-                    return
-                upcoming.pop()
-                state["t_s"] = at_s
-                if not self.add_request(req, sampling, now=at_s):
-                    recorder.record_rejected(req)
-                    if on_done is not None:
-                        on_done(1)
-            if not state["closed"]:
-                state["closed"] = True
-                self.scheduler.close(state["t_s"])
+        def rejected(request: Request) -> None:
+            recorder.record_rejected(request)
+            if on_done is not None:
+                on_done(1)
 
-        # The engine's time as the simulator keeps it: the end of the last step, or the
-        # arrival or wakeup an idle wait was for. A step after an idle wait starts at that
-        # instant, so the arrival's admission and the wait's lateness count in the step (and
-        # in TTFT, which runs from the arrival) and arrivals after it are seen next step, as
-        # in the simulator; the clock then only has to catch up with it.
-        now_s = 0.0
-        admit_until(now_s)
-        while True:
-            outcome = self.step(admit_until, start_s=now_s)
-            if outcome is not None:
-                self.record(*outcome, recorder, on_done)
-                now_s = self.steps[-1].start_s + self.steps[-1].duration_s
-                continue
-            nxt = next_arrival()
-            wakeup_s = self.scheduler.next_wakeup(now_s)
-            if nxt is None and wakeup_s is None:
-                if not state["closed"]:
-                    admit_until(now_s)
-                    continue
-                return now_s
-            targets = [] if wakeup_s is None else [now_s + max(0.0, wakeup_s - now_s)]
-            if nxt is not None:  # as SimPy adds the gap to the last arrival
-                targets.append(state["t_s"] + max(0.0, nxt.arrival_s - state["t_s"]))
-            now_s = min(targets)
-            self.clock.wait_until(now_s)
-            admit_until(now_s)
+        def step(start_s: float, admit_until: Callable[[float], None]) -> float | None:
+            outcome = self.step(admit_until, start_s=start_s)
+            if outcome is None:
+                return None
+            self.record(*outcome, recorder, on_done)
+            return self.steps[-1].start_s + self.steps[-1].duration_s
+
+        return drive(self.scheduler, requests, step, add, rejected, self.clock.wait_until)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from gpu_engine.sampling import SamplingParams
 from gpu_engine.setup import build_engine
+from sim.config.catalogue import get_model
+from sim.config.scenario import Scenario
 from sim.core.request import Request
-from sim.scenario import Scenario
-from sim.specs import get_model
 from sim.text import load_tokenizer
 
 

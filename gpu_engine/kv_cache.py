@@ -7,16 +7,16 @@ by `sim.core`; padding rows write there. The cache starts zeroed so that
 masked reads of never-written slots are finite (0 x NaN would poison softmax
 outputs even with a zero weight).
 
-The number of blocks comes from the simulator's own budget function, so the
-engine and the simulator size the same pool from the same memory.
+The number of blocks comes from the simulator's own budget (sim.assemble.kv_budget,
+one formula for both worlds), so the engine and the simulator size the same pool
+from the same memory.
 """
 
 from __future__ import annotations
 
 import torch
 
-from sim.core.kv import num_kv_blocks
-from sim.specs import ModelSpec, activation_reserve_bytes, kv_bytes_per_token
+from sim.config.specs import ModelSpec
 
 
 class PagedKVCache:
@@ -51,19 +51,3 @@ class PagedKVCache:
     def bytes_total(self) -> int:
         """Bytes held by every layer's K and V, null block included."""
         return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
-
-
-def kv_cache_blocks(spec: ModelSpec, device_memory_bytes: float, memory_utilization: float,
-                    weights_bytes: float, max_num_batched_tokens: int, max_num_seqs: int,
-                    dtype_bytes: int, block_size: int) -> int:
-    """Usable KV blocks for one GPU: the same budget (and numbers) as sim/run.py's kv_budget.
-
-    The null block is not included: allocate the result + 1, as
-    `sim.run.build_block_manager` does.
-    """
-    if not 0 < memory_utilization <= 1:
-        raise ValueError(f"memory_utilization must be in (0, 1], got {memory_utilization!r}")
-    reserve = activation_reserve_bytes(spec, max_num_batched_tokens, max_num_seqs,
-                                       dtype_bytes=dtype_bytes)
-    return num_kv_blocks(device_memory_bytes, memory_utilization, weights_bytes, reserve,
-                         kv_bytes_per_token(spec, dtype_bytes=dtype_bytes), block_size)

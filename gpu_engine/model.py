@@ -16,7 +16,6 @@ is small and the sum over layers stays bounded.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +24,7 @@ from torch import nn
 from gpu_engine.attention import PrefillLayout, paged_attention, prefill_layout
 from gpu_engine.inputs import StepInputs
 from gpu_engine.kv_cache import PagedKVCache
-from sim.specs import ModelSpec, RopeScaling
+from sim.config.specs import ModelSpec, RopeScaling
 
 _NOISE_STD = 0.02  # random biases, and norm weights' spread around 1
 
@@ -205,23 +204,3 @@ class LlamaModel(nn.Module):
                 attn.qkv_proj.bias.normal_(0.0, _NOISE_STD, generator=gen)
         if self.lm_head is not None:
             self.lm_head.weight.normal_(0.0, spec.hidden_size ** -0.5, generator=gen)
-
-
-def build_model(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype, seed: int = 0,
-                weights_dir: Path | None = None) -> LlamaModel:
-    """Built on the meta device, materialised on `device`, then random or loaded weights.
-
-    Nothing of the full model is ever allocated on the CPU when `device` is a GPU.
-    """
-    with torch.device("meta"):
-        model = LlamaModel(spec)
-    model = model.to(dtype=dtype).to_empty(device=device)
-    model.rotary.reset_buffers()
-    if weights_dir is None:
-        model.init_random(seed)
-    else:
-        from gpu_engine.weights import load_hf
-
-        load_hf(model, Path(weights_dir))
-    model.eval().requires_grad_(False)
-    return model

@@ -1,7 +1,8 @@
 """`servesim engine replay`: a scenario's workload served by the real engine.
 
-The result is the simulator's own `RunResult`, so the same summary, files and
-plots come out; the engine adds `engine_steps.csv` (every step's shape with
+The result is the simulator's own `RunResult` (sim.results.run, summarised by
+sim.results.summary), so the same summary, files and plots come out; the engine
+adds `engine_steps.csv` (every step's shape with
 its whole-step wall time and device time), which calibration reads.
 """
 
@@ -17,17 +18,18 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from gpu_engine.engine import StepLog, WallClock
+from gpu_engine.clock import WallClock
+from gpu_engine.engine import StepLog
 from gpu_engine.host import ThreadCpuClock, frozen_gc, steady_malloc
 from gpu_engine.runner import ModelRunner, block_width_bucket
 from gpu_engine.sampling import SamplingParams
 from gpu_engine.setup import EngineSetup, build_engine
+from sim.config.scenario import Scenario
 from sim.core.request import Request
-from sim.des import ReplicaSetup
 from sim.latency import LatencyModel
-from sim.metrics import RunRecorder
-from sim.run import RunResult, summarize
-from sim.scenario import Scenario
+from sim.results.metrics import RunRecorder
+from sim.results.run import RunResult
+from sim.results.summary import run_summary
 from sim.workload import make_requests
 
 
@@ -39,11 +41,11 @@ class EngineRun:
     setup_s: float = 0.0  # building the engine and capturing graphs, before any arrival
     malloc: str = "default"  # "steady" where glibc was told to keep freed memory
 
-    def write_outputs(self, out_dir: Path, plots: bool = True) -> list[Path]:
-        written = self.result.write_outputs(out_dir, plots=plots)
-        path = out_dir / "engine_steps.csv"
+    def write_steps(self, out_dir: Path) -> Path:
+        """engine_steps.csv beside the run's result files (sim.experiments.outputs)."""
+        path = Path(out_dir) / "engine_steps.csv"
         steps_frame(self.steps).to_csv(path, index=False)
-        return [*written, path]
+        return path
 
 
 def steps_frame(steps: tuple[StepLog, ...] | list[StepLog]) -> pd.DataFrame:
@@ -98,15 +100,11 @@ def replay_scenario(scenario: Scenario, base_dir: Path | None = None,
             engine.clock = ThreadCpuClock() if clock == "cpu" else WallClock(spin_s=math.inf)
         engine.replay(requests, recorder, sampling, on_done=bar.update)
     wall_s = time.perf_counter() - started - setup_s
-    replica = ReplicaSetup(engine.scheduler, latency, recorder, setup.kv_manager)  # type: ignore[arg-type]
-    summary = summarize(scenario, setup.budget, recorder, [replica])
-    summary["replicas"] = []
     name = setup.description if latency is None else f"{setup.description}, virtual clock: " \
         f"{latency.name}"
-    summary["latency_model"] = name
-    summary["simulation_wall_s"] = wall_s
+    summary = run_summary(scenario, setup.budget, recorder, [setup.replica], name, wall_s)
     result = RunResult(scenario, summary, recorder, setup.budget,
-                       setup.kv_manager.num_usable_blocks, name, wall_s, (recorder,))
+                       setup.replica.kv.num_usable_blocks, name, wall_s, (recorder,))
     return EngineRun(result, setup, tuple(engine.steps), setup_s, malloc)
 
 

@@ -2,9 +2,10 @@
 
 Decode steps launch hundreds of small kernels whose launch cost dominates at
 small batches, so on CUDA a decode-only step replays a graph captured for its
-batch bucket (`sim.core.batching`, shared with the simulator) and block-table
-width bucket; the rows past the real batch are padding that writes only the
-null block. Prefill and mixed steps run eagerly. On the CPU everything is eager.
+batch bucket and block-table width bucket. The batch bucket is the plan's own
+`padded_batch` (the scheduler pads with `sim.core.batching`, so the simulator
+prices the same rows); the rows past the real batch are padding that writes
+only the null block. Prefill and mixed steps run eagerly. On the CPU everything is eager.
 
 Device time: CUDA events around the kernels on CUDA, the monotonic clock on CPU
 (where the kernels run synchronously), so it excludes scheduling and input
@@ -22,7 +23,7 @@ import torch
 from gpu_engine.inputs import StepInputs, build_inputs
 from gpu_engine.kv_cache import PagedKVCache
 from gpu_engine.model import LlamaModel
-from sim.core.batching import graph_batch_sizes, padded_batch_size
+from sim.core.batching import graph_batch_sizes
 
 _TENSOR_FIELDS = tuple(f.name for f in fields(StepInputs)
                        if f.name not in ("num_seqs", "max_query_len", "max_seq_len",
@@ -63,16 +64,16 @@ class ModelRunner:
     def prepare(self, new_token_ids: list[list[int]], context_tokens: tuple[int, ...],
                 block_tables: tuple[tuple[int, ...], ...], emits_token: tuple[bool, ...],
                 min_seqs: int = 0) -> StepInputs:
-        """Tensors for a step; decode-only steps are padded to their graph's bucket.
-
-        `min_seqs` pads with dummy rows (static batching's finished members).
+        """Tensors for a step of `min_seqs` rows (the plan's padded_batch: dummy rows for
+        static batching's finished members and for CUDA-graph buckets, which the scheduler
+        chose with sim.core.batching); a step that can replay a graph gets its block-table
+        width bucketed too.
         """
         num_seqs = len(new_token_ids)
         pad_seqs = max(min_seqs, num_seqs)
         pad_blocks = None
         if self.use_graphs and all(len(t) == 1 for t in new_token_ids) and \
-                pad_seqs <= self.graph_sizes[-1]:
-            pad_seqs = padded_batch_size(pad_seqs, self.graph_sizes)
+                pad_seqs in self.graph_sizes:
             widest = max(len(b) for b in block_tables)
             pad_blocks = block_width_bucket(widest, self.max_blocks_per_seq)
         return build_inputs(new_token_ids, context_tokens, block_tables, emits_token,

@@ -1,9 +1,9 @@
-"""Build the real engine for a scenario, from the same builders the simulator uses.
+"""Build the real engine for a scenario, from the same assembly the simulator uses.
 
-The KV pool's size, the block manager and the scheduler come from sim.run's
-functions, so an engine replay and a simulation of the same scenario get the
-same number of blocks and the same scheduling code; only the step's duration
-differs (measured here, predicted there).
+The KV pool's size, the block manager and the scheduler come from sim.assemble,
+so an engine replay and a simulation of the same scenario get the same number
+of blocks and the same scheduling code; only the step's duration differs
+(measured here, predicted there).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import torch
 
 from gpu_engine.engine import Engine
 from gpu_engine.kv_cache import PagedKVCache
-from gpu_engine.model import build_model
 from gpu_engine.runner import ModelRunner
 from gpu_engine.speculative import ModelDrafter, NgramDrafter
-from sim.core.kv import KVBudget, KVManager
+from gpu_engine.weights import build_model
+from sim.assemble import ReplicaParts, build_replica, kv_budget
+from sim.config.costs import weights_bytes
+from sim.config.scenario import Scenario
+from sim.core.kv import KVBudget
 from sim.latency import LatencyModel
-from sim.run import build_block_manager, build_scheduler, kv_budget
-from sim.scenario import Scenario
-from sim.specs import weights_bytes
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -36,7 +36,7 @@ class EngineSetupError(ValueError):
 @dataclass(frozen=True, slots=True)
 class EngineSetup:
     engine: Engine
-    kv_manager: KVManager
+    replica: ReplicaParts  # the block manager and scheduler sim.assemble built
     budget: KVBudget
     device: torch.device
     dtype: torch.dtype
@@ -130,13 +130,13 @@ def build_engine(scenario: Scenario, base_dir: Path | None = None,
     dtype = resolve_dtype(cfg.dtype, torch_device)
     budget = kv_budget(scenario)
     try:
-        kv_manager = build_block_manager(scenario, budget)
+        replica = build_replica(scenario, budget, torch_device.type)
     except ValueError as err:
         raise EngineSetupError(str(err)) from None
+    kv_manager = replica.kv
     check_fits(scenario, kv_manager.num_blocks, torch_device, dtype)
     if torch_device.type == "cpu" and cfg.cpu_threads is not None:
         torch.set_num_threads(cfg.cpu_threads)  # process-wide: the engine owns this process
-    scheduler = build_scheduler(scenario, kv_manager)
     seed = scenario.seed if cfg.seed is None else cfg.seed
     weights_dir = None
     if cfg.weights is not None:
@@ -150,10 +150,11 @@ def build_engine(scenario: Scenario, base_dir: Path | None = None,
                                   torch_device)
     max_len = scenario.scheduler.max_model_len or spec.max_context_tokens
     runner = ModelRunner(model, cache, torch_device, scenario.scheduler.max_num_seqs,
-                         math.ceil(max_len / scenario.kv.block_size), cfg.cuda_graphs)
+                         math.ceil(max_len / scenario.kv.block_size),
+                         cfg.uses_cuda_graphs(torch_device.type))
     if cfg.warmup:
         runner.warmup()
     drafter = build_drafter(scenario, kv_manager.num_blocks, torch_device, dtype, seed)
-    engine = Engine(model, cache, scheduler, runner, seed=seed, latency=latency,
+    engine = Engine(model, cache, replica.scheduler, runner, seed=seed, latency=latency,
                     drafter=drafter)
-    return EngineSetup(engine, kv_manager, budget, torch_device, dtype)
+    return EngineSetup(engine, replica, budget, torch_device, dtype)

@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints: config.json <-> ModelSpec, safetensors <-> LlamaModel.
+"""A model's weights: random of the real shapes, or a Hugging Face checkpoint
+(config.json <-> ModelSpec, safetensors <-> LlamaModel); `build_model` makes either.
 
 The engine fuses q/k/v and gate/up; here each HF tensor is mapped to its row
 range of the fused parameter, so loading copies straight into place (no
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from gpu_engine.model import LlamaModel
-from sim.specs import ModelSpec, RopeScaling
+from sim.config.specs import ModelSpec, RopeScaling
 
 _INDEX_FILE = "model.safetensors.index.json"
 _SINGLE_FILE = "model.safetensors"
@@ -197,3 +198,21 @@ def spec_from_hf_config(path: Path) -> ModelSpec:
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
         qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
     )
+
+
+def build_model(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype, seed: int = 0,
+                weights_dir: Path | None = None) -> LlamaModel:
+    """Built on the meta device, materialised on `device`, then random or loaded weights.
+
+    Nothing of the full model is ever allocated on the CPU when `device` is a GPU.
+    """
+    with torch.device("meta"):
+        model = LlamaModel(spec)
+    model = model.to(dtype=dtype).to_empty(device=device)
+    model.rotary.reset_buffers()
+    if weights_dir is None:
+        model.init_random(seed)
+    else:
+        load_hf(model, Path(weights_dir))
+    model.eval().requires_grad_(False)
+    return model

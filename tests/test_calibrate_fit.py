@@ -27,16 +27,11 @@ from calibrate.synthetic import (
     write_synthetic_table,
 )
 from sim.cli import main
+from sim.config.catalogue import get_model
 from sim.core.plan import StepShape
 from sim.latency.table import TableLatency, step_features
-from sim.latency.table_format import (
-    FIT_FILE,
-    Measurement,
-    TableError,
-    read_measurements,
-    write_measurements,
-)
-from sim.specs import get_model
+from sim.latency.table_files import read_measurements, write_measurements
+from sim.latency.table_format import FIT_FILE, Measurement, TableError
 
 BUDGET, MAX_SEQS, MAX_CONTEXT = 2048, 256, 4096
 GRID = shape_grid(BUDGET, MAX_SEQS, MAX_CONTEXT, verify_query_tokens=(3, 5))
@@ -217,6 +212,6 @@ def test_cli_fit_user_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def _metadata_of(directory: Path):
-    from sim.latency.table_format import read_metadata
+    from sim.latency.table_files import read_metadata
 
     return read_metadata(directory)

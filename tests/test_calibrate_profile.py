@@ -26,13 +26,13 @@ from calibrate.grid import (  # noqa: E402
 from calibrate.profile import ProfileSettings, profile_engine  # noqa: E402
 from calibrate.rig import build_rig  # noqa: E402
 from calibrate.shaping import PointRun, shape_matches  # noqa: E402
-from gpu_engine.engine import WallClock  # noqa: E402
+from gpu_engine.clock import WallClock  # noqa: E402
 from gpu_engine.host import ThreadCpuClock  # noqa: E402
 from gpu_engine.replay import replay_scenario  # noqa: E402
 from sim.cli import main  # noqa: E402
-from sim.latency.table_format import read_measurements, read_metadata  # noqa: E402
-from sim.scenario import load_scenario  # noqa: E402
-from sim.specs import get_model  # noqa: E402
+from sim.config.catalogue import get_model  # noqa: E402
+from sim.config.loader import load_scenario  # noqa: E402
+from sim.latency.table_files import read_measurements, read_metadata  # noqa: E402
 
 LIMITS = GridLimits(256, 8, 512, 10**9, 20)
 
@@ -239,12 +239,12 @@ class FakeTime:
 
 def test_wall_clock_sleeps_then_spins_and_cpu_clock_skips_idle(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import gpu_engine.engine as engine_module
+    import gpu_engine.clock as clock_module
     import gpu_engine.host as host_module
 
     fake = FakeTime()
-    monkeypatch.setattr(engine_module.time, "perf_counter", fake.now)
-    monkeypatch.setattr(engine_module.time, "sleep", fake.sleep)
+    monkeypatch.setattr(clock_module.time, "perf_counter", fake.now)
+    monkeypatch.setattr(clock_module.time, "sleep", fake.sleep)
     clock = WallClock()
     target = clock.now() + 0.05
     clock.wait_until(target)

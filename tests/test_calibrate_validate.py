@@ -38,13 +38,11 @@ from calibrate.validate import (  # noqa: E402
     steps_table,
 )
 from sim.cli import main  # noqa: E402
+from sim.config.loader import load_scenario  # noqa: E402
+from sim.config.speculative import BetaAlphaConfig, FixedAlphaConfig  # noqa: E402
 from sim.core.plan import StepShape  # noqa: E402
-from sim.latency.table_format import (  # noqa: E402
-    open_table_latency,
-    read_measurements,
-)
-from sim.scenario import BetaAlphaConfig, FixedAlphaConfig, load_scenario  # noqa: E402
-from sim.speculative import expected_tokens_per_step  # noqa: E402
+from sim.latency.table_files import open_table_latency, read_measurements  # noqa: E402
+from sim.world.speculation import expected_tokens_per_step  # noqa: E402
 
 SCENARIO = """
 name: ci_calibrate

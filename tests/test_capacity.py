@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.capacity import capacity_report, format_report, register, smallest_fitting_tp
-from sim.specs import get_hardware, get_model, hardware_from_fields
+from sim.cli.capacity import format_report, register
+from sim.config.capacity import capacity_report, smallest_fitting_tp
+from sim.config.catalogue import get_hardware, get_model, hardware_from_fields
 
 GIB = 1024**3
 

@@ -13,8 +13,8 @@ import yaml
 
 from sim import __version__
 from sim.cli import main
-from sim.compare_spec import load_spec
-from sim.run import run_scenario
+from sim.experiments.compare_spec import load_spec
+from sim.experiments.run import run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 import sim.cli
-import sim.engine_cli
-import sim.run
+import sim.cli.engine
+import sim.experiments.run
 from sim import __version__
 from sim.cli import main
-from sim.scenario import SCHEMA_VERSION
+from sim.config.scenario import SCHEMA_VERSION
 
 SMALL = """
 workload:
@@ -66,13 +66,13 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("the work started before the mistake was caught")
 
-    import sim.compare
-    import sim.run
-    import sim.sweep
+    import sim.experiments.compare
+    import sim.experiments.run
+    import sim.experiments.sweep
 
-    monkeypatch.setattr(sim.run, "run_scenario", forbidden)
-    monkeypatch.setattr(sim.sweep, "run_task", forbidden)
-    monkeypatch.setattr(sim.compare, "run_compare", forbidden)
+    monkeypatch.setattr(sim.experiments.run, "run_scenario", forbidden)
+    monkeypatch.setattr(sim.experiments.sweep, "run_task", forbidden)
+    monkeypatch.setattr(sim.experiments.compare, "run_compare", forbidden)
 
 
 # -- output directories, before the work ---------------------------------------------
@@ -106,7 +106,7 @@ def test_output_dir_from_the_scenario_is_named_as_such(
 def test_engine_replay_checks_its_output_dir_before_loading_the_engine(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
         ) -> None:
-    monkeypatch.setattr(sim.engine_cli, "_engine_modules", lambda: pytest.fail("engine loaded"))
+    monkeypatch.setattr(sim.cli.engine, "_engine_modules", lambda: pytest.fail("engine loaded"))
     blocker = write(tmp_path, "", "blocker")
     code, out, err = cli(capsys, "engine", "replay", str(write(tmp_path, SMALL)),
                          "--out", str(blocker))
@@ -229,15 +229,30 @@ def test_one_run_per_directory_with_its_provenance(
 
 
 def test_provenance_without_git(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sim.provenance import git_commit, provenance
+    from sim.results.provenance import git_commit, provenance
 
     monkeypatch.setenv("PATH", "")  # no git to run
     assert git_commit() == (None, None)
     assert provenance()["git_commit"] is None
 
 
+def test_provenance_finds_the_commit_of_this_checkout() -> None:
+    """Run from a git checkout of servesim (as CI and `pip install -e` are), the stamp names
+    the checkout's HEAD: the module must find the checkout's root from where it lives."""
+    import subprocess
+
+    from sim.results.provenance import git_commit
+
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=False)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    assert git_commit()[0] == head.stdout.strip()
+
+
 def test_provenance_of_a_package_inside_another_repository(tmp_path: Path) -> None:
-    from sim.provenance import git_commit
+    from sim.results.provenance import git_commit
 
     assert git_commit(tmp_path) == (None, None)
 
@@ -256,7 +271,7 @@ def test_set_overrides_get_their_own_directory(
 
 
 def test_engine_replay_modes_get_their_own_directories() -> None:
-    from sim.engine_cli import replay_dir
+    from sim.cli.engine import replay_dir
 
     names = {replay_dir("e", [], None, False), replay_dir("e", [], None, True),
              replay_dir("e", [], "cpu", False), replay_dir("e", ["seed=1"], None, True)}
@@ -276,7 +291,7 @@ def test_ctrl_c_exits_130_with_one_line_and_keeps_the_old_result(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sim.run, "run_scenario", interrupted)
+    monkeypatch.setattr(sim.experiments.run, "run_scenario", interrupted)
     code, stdout, err = cli(capsys, "run", str(write(tmp_path, SMALL)), "--out", str(out))
     assert (code, stdout, err) == (130, "", "interrupted\n")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".servesim-")] == []
@@ -285,12 +300,12 @@ def test_ctrl_c_exits_130_with_one_line_and_keeps_the_old_result(
 
 def test_a_closed_pipe_ends_quietly(monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
-    import sim.schema_cli
+    import sim.cli.schema
 
     def closed(docs: object) -> str:
         raise BrokenPipeError
 
-    monkeypatch.setattr(sim.schema_cli, "format_schema", closed)
+    monkeypatch.setattr(sim.cli.schema, "format_schema", closed)
     assert main(["schema"]) == 141
     assert capsys.readouterr().err == ""
 

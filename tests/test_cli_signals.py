@@ -7,6 +7,7 @@ clock: the timeouts only stop a hung process.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -85,8 +86,8 @@ def test_a_worker_takes_no_semaphore_for_its_progress_bars() -> None:
 import threading
 from pathlib import Path
 from tqdm import tqdm
-from sim.scenario import validate_scenario
-from sim.sweep import Task, run_task
+from sim.config.loader import validate_scenario
+from sim.experiments.sweep import Task, run_task
 scenario = validate_scenario({"workload": {"arrivals": {"process": "poisson", "rate": 4},
     "prompt_tokens": {"dist": "fixed", "value": 50}, "output_tokens": {"dist": "fixed",
     "value": 5}, "num_requests": 5}}, "test")
@@ -116,3 +117,32 @@ def test_a_reader_that_stops_early_gets_no_broken_pipe_error(
     finally:
         os.close(write)
     assert (done.returncode, done.stderr) == (141, "")
+
+
+def test_an_error_raised_while_handling_ctrl_c_is_still_an_interrupt(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C that lands while joblib starts its pool makes joblib's clean-up raise its own
+    error from the KeyboardInterrupt: the user pressed Ctrl-C, so it is exit 130, one line."""
+    import sim.cli as cli
+
+    def interrupted_in_clean_up(args: object) -> int:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("cannot join thread before it is started") from None
+
+    def other_error(args: object) -> int:
+        raise RuntimeError("a real bug")
+
+    commands = [interrupted_in_clean_up]
+
+    class Parser:
+        def parse_args(self, argv: object) -> argparse.Namespace:
+            return argparse.Namespace(func=commands[-1])
+
+    monkeypatch.setattr(cli, "build_parser", Parser)
+    assert cli.main([]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "interrupted"
+    commands.append(other_error)
+    with pytest.raises(RuntimeError, match="a real bug"):
+        cli.main([])

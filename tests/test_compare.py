@@ -8,11 +8,18 @@ import pandas as pd
 import pytest
 from test_sweep import TINY
 
-import sim.run
+import sim.experiments.run
 from sim.cli import main
-from sim.compare import load_spec, run_compare
-from sim.compare_spec import AutoSpec, Bracket, auto_next, bisect_max_rate, bracket, knee_midpoints
-from sim.sweep import Backend
+from sim.experiments.compare import load_spec, run_compare
+from sim.experiments.compare_spec import (
+    AutoSpec,
+    Bracket,
+    auto_next,
+    bisect_max_rate,
+    bracket,
+    knee_midpoints,
+)
+from sim.experiments.sweep import Backend
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SPEC = """\
@@ -38,7 +45,7 @@ def spec(tmp_path: Path) -> Path:
 def test_every_variant_sees_the_identical_request_stream(
         spec: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[float, list[tuple]]] = []
-    real = sim.run.make_requests
+    real = sim.experiments.run.make_requests
 
     def recording(workload, seed, base_dir=None):  # noqa: ANN001, ANN202
         requests = list(real(workload, seed, base_dir))
@@ -46,7 +53,7 @@ def test_every_variant_sees_the_identical_request_stream(
                                                r.output_tokens) for r in requests]))
         return iter(requests)
 
-    monkeypatch.setattr(sim.run, "make_requests", recording)
+    monkeypatch.setattr(sim.experiments.run, "make_requests", recording)
     base = load_spec(spec)
     result = run_compare(base, Backend("loky", jobs=1), progress=False)  # in process
     by_rate: dict[float, list[list[tuple]]] = {}

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from drive_scheduler import drive
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sim.core.contiguous import ContiguousAllocator
+from sim.core.drive import run_steps
 from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
@@ -222,7 +222,7 @@ def test_paged_holds_under_one_block_per_sequence_beyond_live_tokens(
         assert all(waste_of(kv, s.request_id, s.context_tokens + s.num_new_tokens) < block_size
                    for s in plan.seqs)
 
-    done, _ = drive(sched, requests, check=check)
+    done, _ = run_steps(sched, requests, check=check, after=sched.kv.check_invariants)
     assert len(done) == len(requests) and kv.num_used_blocks == 0
 
 
@@ -240,7 +240,7 @@ def test_continuous_on_contiguous_conserves_requests(spec, num_blocks, block_siz
     kv = ContiguousAllocator(num_blocks, block_size, watermark=0.01)
     sched = ContinuousScheduler(kv, max_seqs, 256, True, 260, vectorize_at, max_output)
     requests = [Request(i, a, p, o) for i, (a, p, o) in enumerate(spec)]
-    done, plans = drive(sched, requests)
+    done, plans = run_steps(sched, requests, after=sched.kv.check_invariants)
     assert sorted(r.request_id for r in done) == list(range(len(requests)))  # each once
     for r in requests:
         if r.state is RequestState.REJECTED:

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference_scheduler import ReferenceContinuousScheduler, ReferencePagedBlockManager
 
+from sim.core.drive import default_step_s, run_steps
 from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepPlan, StepResult, StepShape
 from sim.core.request import Request, RequestState
@@ -14,32 +15,12 @@ from sim.core.schedulers import ContinuousScheduler
 
 
 def drive(sched: ContinuousScheduler, requests: list[Request],
-          step_s: Callable[[StepShape], float] = lambda s: 0.01 + 1e-5 * s.num_tokens,
-          check: Callable[[StepPlan], None] | None = None, max_steps: int = 200_000,
+          step_s: Callable[[StepShape], float] = default_step_s,
+          check: Callable[[StepPlan], None] | None = None,
           ) -> tuple[list[Request], list[StepPlan]]:
-    """Arrivals, schedule, advance the clock by the step's latency, apply; until idle."""
-    pending = sorted(requests, key=lambda r: r.arrival_s)
-    now, i, done, plans = 0.0, 0, [], []
-    while i < len(pending) or sched.has_unfinished():
-        while i < len(pending) and pending[i].arrival_s <= now:
-            if not sched.add(pending[i], now):
-                done.append(pending[i])
-            i += 1
-        plan = sched.schedule(now)
-        if plan is None:
-            if i == len(pending):
-                assert not sched.has_unfinished(), "nothing runnable with work left: livelock"
-                break
-            now = pending[i].arrival_s
-            continue
-        plans.append(plan)
-        if check:
-            check(plan)
-        now += step_s(plan.shape)
-        done += sched.on_step_done(plan, StepResult(), now)
-        sched.kv.check_invariants()
-        assert len(plans) < max_steps, "run did not end"
-    return done, plans
+    """sim.core.drive's virtual clock, the pool's invariants checked after every step."""
+    return run_steps(sched, requests, step_s, None if check is None else lambda p, _: check(p),
+                     sched.kv.check_invariants)
 
 
 workloads = st.lists(

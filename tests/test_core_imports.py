@@ -1,7 +1,11 @@
-"""sim.core is shared by the simulator and the engine, so it must import neither."""
+"""What each part of the house loads at run time: sim.core neither simpy nor torch, the
+simulator no torch, the engine no simpy (the import-linter contracts say the same of the
+import graph; these check what a real interpreter ends up loading)."""
 
 import subprocess
 import sys
+
+import pytest
 
 
 def test_sim_core_loads_neither_simpy_nor_torch() -> None:
@@ -16,8 +20,19 @@ def test_sim_core_loads_neither_simpy_nor_torch() -> None:
 
 def test_simulator_does_not_load_torch() -> None:
     code = (
-        "import sys, sim.cli, sim.run, sim.des\n"
+        "import sys, sim.cli, sim.experiments.run, sim.world.fleet\n"
         "print('torch' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_engine_loads_no_simpy() -> None:
+    """The engine keeps its own time: neither it nor its replay needs the SimPy world."""
+    pytest.importorskip("torch")
+    code = (
+        "import sys, gpu_engine, gpu_engine.engine, gpu_engine.setup, gpu_engine.replay\n"
+        "print(','.join(m for m in sys.modules if m == 'simpy' or m.startswith('sim.world')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"the engine loaded {out.stdout.strip()}"

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.config.catalogue import get_hardware, get_model
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepPlan, StepShape
 from sim.core.request import Request, RequestState
 from sim.core.schedulers import ContinuousScheduler, StaticScheduler
-from sim.des import simulate
 from sim.latency.roofline import RooflineLatency
-from sim.metrics import RunRecorder
-from sim.specs import get_hardware, get_model
+from sim.results.metrics import RunRecorder
+from sim.world.fleet import simulate
 
 
 class FixedLatency:

@@ -11,22 +11,16 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from sim.cli import main
+from sim.config.catalogue import get_hardware, get_model
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import PagedBlockManager
 from sim.core.request import Request
 from sim.core.schedulers import ContinuousScheduler, DynamicScheduler, StaticScheduler
-from sim.des import simulate
-from sim.diagnose import (
-    TTFT_PARTS,
-    DiagnosisError,
-    ReplicaObserver,
-    dominant_cause,
-    explain_request,
-    explain_run,
-)
 from sim.latency.roofline import RooflineLatency
-from sim.metrics import RunRecorder
-from sim.specs import get_hardware, get_model
+from sim.observe.diagnose import TTFT_PARTS, ReplicaObserver
+from sim.observe.explain import DiagnosisError, dominant_cause, explain_request, explain_run
+from sim.results.metrics import RunRecorder
+from sim.world.fleet import simulate
 
 ROOF = RooflineLatency(get_model("llama-3-8b"), get_hardware("h100-sxm"))
 QUICKSTART = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.yaml"

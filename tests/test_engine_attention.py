@@ -14,15 +14,12 @@ from hypothesis import strategies as st  # noqa: E402
 
 from gpu_engine.attention import paged_attention  # noqa: E402
 from gpu_engine.inputs import build_inputs  # noqa: E402
-from gpu_engine.kv_cache import PagedKVCache, kv_cache_blocks  # noqa: E402
-from sim.core.kv import NULL_BLOCK, KVBudget  # noqa: E402
-from sim.specs import (  # noqa: E402
-    activation_reserve_bytes,
-    get_hardware,
-    get_model,
+from gpu_engine.kv_cache import PagedKVCache  # noqa: E402
+from sim.config.catalogue import get_model  # noqa: E402
+from sim.config.costs import (  # noqa: E402
     kv_bytes_per_token,
-    weights_bytes,
 )
+from sim.core.kv import NULL_BLOCK  # noqa: E402
 
 
 def _run_case(rng: random.Random, seqs: list[tuple[int, int]], emits: list[bool],
@@ -155,19 +152,6 @@ def test_build_inputs_rejects_bad_columns(kwargs, message) -> None:
             "emits_token": [True, True], "block_size": 4, "device": "cpu"} | kwargs
     with pytest.raises(ValueError, match=message):
         build_inputs(**args)
-
-
-@pytest.mark.parametrize("model", ["llama-3-8b", "qwen2.5-7b"])
-def test_kv_cache_blocks_match_the_simulators_budget(model) -> None:
-    spec, hw = get_model(model), get_hardware("h200")
-    weights = weights_bytes(spec, dtype_bytes=2)
-    blocks = kv_cache_blocks(spec, hw.memory_bytes, 0.85, weights, 4096, 128, 2, 16)
-    budget = KVBudget(hw.memory_bytes, 0.85, weights,
-                      activation_reserve_bytes(spec, 4096, 128, dtype_bytes=2),
-                      kv_bytes_per_token(spec, dtype_bytes=2), 16)
-    assert blocks == budget.num_blocks > 0
-    with pytest.raises(ValueError, match="memory_utilization"):
-        kv_cache_blocks(spec, hw.memory_bytes, 1.5, weights, 4096, 128, 2, 16)
 
 
 def test_kv_cache_shapes_and_bytes() -> None:

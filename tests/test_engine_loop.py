@@ -14,13 +14,21 @@ from gpu_engine.engine import Engine  # noqa: E402
 from gpu_engine.replay import replay_scenario  # noqa: E402
 from gpu_engine.sampling import SamplingParams  # noqa: E402
 from gpu_engine.setup import EngineSetupError, build_engine  # noqa: E402
+from sim.assemble import (  # noqa: E402
+    build_block_manager,
+    build_latency,
+    build_scheduler,
+    kv_budget,
+)
+from sim.config.scenario import Scenario  # noqa: E402
+from sim.core.batching import graph_batch_sizes, padded_batch_size  # noqa: E402
 from sim.core.plan import StepPlan  # noqa: E402
 from sim.core.request import Request  # noqa: E402
-from sim.des import ReplicaSetup, simulate, simulate_fleet  # noqa: E402
-from sim.metrics import RunRecorder  # noqa: E402
-from sim.run import build_block_manager, build_latency, build_scheduler, kv_budget  # noqa: E402
-from sim.scenario import Scenario  # noqa: E402
+from sim.experiments.outputs import write_outputs  # noqa: E402
+from sim.results.metrics import RunRecorder  # noqa: E402
 from sim.workload import make_requests  # noqa: E402
+from sim.world.fleet import simulate, simulate_fleet  # noqa: E402
+from sim.world.replica import ReplicaSetup  # noqa: E402
 
 
 class SpyRecorder(RunRecorder):
@@ -83,7 +91,8 @@ def engine_plans(sc: Scenario) -> tuple[SpyRecorder, Engine]:
     {"scheduler": {"policy": "dynamic", "batch_size": 4, "max_wait_ms": 20,
                    "max_model_len": 100},
      "kv": {"num_blocks": 200}},
-], ids=["continuous-preempting", "prefix-cache", "static", "dynamic"])
+    {"engine": {"cuda_graphs": True}},  # decode-only steps padded to graph batch sizes
+], ids=["continuous-preempting", "prefix-cache", "static", "dynamic", "cuda-graphs"])
 def test_virtual_clock_engine_makes_the_simulators_plans(sections: dict) -> None:
     sc = scenario(**sections)
     sim_rec = simulate_plans(sc)
@@ -97,6 +106,33 @@ def test_virtual_clock_engine_makes_the_simulators_plans(sections: dict) -> None
     if not sections:
         assert sum(len(p.preempted_ids) for _, _, p in eng_rec.steps) > 0, "no preemption"
     assert engine.kv.k[0].shape[0] == engine.scheduler.kv.num_blocks
+
+
+@pytest.mark.parametrize("sections", [
+    {"engine": {"cuda_graphs": True}},  # continuous, decode steps padded to graph sizes
+    {"engine": {"cuda_graphs": False}},  # continuous, never padded
+    {"scheduler": {"policy": "static", "batch_size": 4, "max_model_len": 100},
+     "kv": {"num_blocks": 60}},  # finished members pad every step to B
+], ids=["cuda-graphs", "eager", "static"])
+def test_the_engine_runs_the_plans_padded_batch(sections: dict) -> None:
+    """The plan says what runs: every step the engine executes has exactly the plan's
+    padded_batch rows, and with CUDA graphs a decode-only step's padded batch is its graph
+    size (sim.core.batching), which the simulator's latency models price."""
+    sc = scenario(**sections)
+    _, engine = engine_plans(sc)
+    sizes = graph_batch_sizes(sc.scheduler.max_num_seqs)
+    assert [s.rows for s in engine.steps] == [s.shape.padded_batch for s in engine.steps]
+    decodes = [s for s in engine.steps if not s.shape.prefill_chunk_tokens]
+    assert len(decodes) > 10
+    padded = [s for s in engine.steps if s.shape.padded_batch > s.num_seqs]
+    if sections.get("engine", {}).get("cuda_graphs"):
+        assert all(s.shape.padded_batch == padded_batch_size(s.num_seqs, sizes)
+                   for s in decodes)
+        assert padded and all(not s.shape.prefill_chunk_tokens for s in padded)
+    elif "scheduler" in sections:
+        assert all(s.shape.padded_batch == 4 for s in engine.steps)
+    else:
+        assert padded == []
 
 
 WORLDS = [
@@ -228,7 +264,8 @@ def test_wall_clock_replay_writes_the_simulators_result_files(tmp_path) -> None:
     arrivals = {"process": "poisson", "rate": 50.0}
     sc = scenario(kv={"num_blocks": 200}, workload={"num_requests": 6, "arrivals": arrivals})
     run = replay_scenario(sc, show_progress=False)
-    files = {p.name for p in run.write_outputs(tmp_path, plots=False)}
+    written = [*write_outputs(run.result, tmp_path, plots=False), run.write_steps(tmp_path)]
+    files = {p.name for p in written}
     assert {"summary.json", "requests.csv", "engine_steps.csv"} <= files
     assert run.result.summary["completed"] == 6
     assert run.result.summary["latency_model"].startswith("engine(cpu")

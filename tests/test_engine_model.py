@@ -12,8 +12,10 @@ torch = pytest.importorskip("torch")
 
 from gpu_engine.inputs import StepInputs, build_inputs  # noqa: E402
 from gpu_engine.kv_cache import PagedKVCache  # noqa: E402
-from gpu_engine.model import LlamaModel, build_model  # noqa: E402
-from sim.specs import ModelSpec, RopeScaling, get_model  # noqa: E402
+from gpu_engine.model import LlamaModel  # noqa: E402
+from gpu_engine.weights import build_model  # noqa: E402
+from sim.config.catalogue import get_model  # noqa: E402
+from sim.config.specs import ModelSpec, RopeScaling  # noqa: E402
 
 TINY = get_model("tiny")
 # a small Llama-3.1-style spec whose positions cross every band of the frequency scaling

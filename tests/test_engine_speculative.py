@@ -14,10 +14,10 @@ from gpu_engine.kv_cache import PagedKVCache  # noqa: E402
 from gpu_engine.sampling import SamplingParams, make_generator  # noqa: E402
 from gpu_engine.setup import build_engine  # noqa: E402
 from gpu_engine.speculative import Draft, ModelDrafter, NgramDrafter, verify  # noqa: E402
+from sim.assemble import build_latency  # noqa: E402
+from sim.config.scenario import Scenario  # noqa: E402
 from sim.core.request import Request  # noqa: E402
-from sim.metrics import RunRecorder  # noqa: E402
-from sim.run import build_latency  # noqa: E402
-from sim.scenario import Scenario  # noqa: E402
+from sim.results.metrics import RunRecorder  # noqa: E402
 from sim.workload import make_requests  # noqa: E402
 
 CPU_HW = {"name": "cpu-test", "bf16_flops_per_s": 5e10, "memory_bytes": 2**26,

@@ -12,30 +12,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_des import FixedLatency
 
+from sim.assemble import build_block_manager, build_latency, build_scheduler, kv_budget
 from sim.cli import main
+from sim.config.scenario import Scenario
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import PagedBlockManager
 from sim.core.request import Request, RequestState
 from sim.core.schedulers import ContinuousScheduler, StaticScheduler
-from sim.des import ReplicaSetup, simulate, simulate_fleet
-from sim.metrics import RunRecorder
-from sim.router import (
-    POLICIES,
-    LeastOutstanding,
-    Router,
-    build_router,
-    router_rng,
-)
-from sim.run import (
-    build_block_manager,
-    build_latency,
-    build_scheduler,
-    kv_budget,
-    run_scenario,
-    summarize,
-)
-from sim.scenario import Scenario
+from sim.experiments.run import run_scenario
+from sim.results.metrics import RunRecorder
+from sim.results.summary import summarize
 from sim.workload import make_requests
+from sim.world.fleet import simulate, simulate_fleet
+from sim.world.replica import ReplicaSetup
+from sim.world.router import POLICIES, LeastOutstanding, Router, build_router, router_rng
 
 
 class Spy:

@@ -16,30 +16,36 @@ from hypothesis import strategies as st
 
 from calibrate.fit import fit_table
 from calibrate.synthetic import SyntheticCost, write_synthetic_table
+from sim.assemble import build_block_manager, build_latency, build_scheduler, kv_budget
 from sim.cli import main
+from sim.config.catalogue import get_model
+from sim.config.costs import kv_bytes_per_token
+from sim.config.loader import load_scenario
+from sim.config.scenario import Scenario
+from sim.config.yaml_input import ScenarioError
 from sim.core.plan import StepShape
-from sim.des import simulate
-from sim.latency import LatencyModel, TableLatency
+from sim.experiments.run import run_scenario
+from sim.latency import LatencyModel, TableLatency, table_files
 from sim.latency import table_format as tf
 from sim.latency.table import ErrorStats, TableFit
+from sim.latency.table_files import (
+    load_table,
+    open_table_latency,
+    read_measurements,
+    read_metadata,
+    write_measurements,
+)
 from sim.latency.table_format import (
     FIT_FILE,
     MEASUREMENTS_FILE,
     METADATA_FILE,
     Measurement,
     TableError,
-    load_table,
-    open_table_latency,
-    read_measurements,
-    read_metadata,
     upgrade_metadata,
-    write_measurements,
 )
-from sim.metrics import RunRecorder
-from sim.run import build_block_manager, build_latency, build_scheduler, kv_budget, run_scenario
-from sim.scenario import Scenario, ScenarioError, load_scenario
-from sim.specs import get_model, kv_bytes_per_token
+from sim.results.metrics import RunRecorder
 from sim.workload import make_requests
+from sim.world.fleet import simulate
 
 TINY = get_model("tiny")
 
@@ -112,8 +118,8 @@ def test_numpy_values_round_trip(tmp_path: Path) -> None:
                    np.float32(1e-6), np.float64(2e-4), np.float64(0.02), np.float64(0.03),
                    held_out=(ErrorStats("all", np.int64(7), np.float64(3.5),
                                         np.float64(6.0)),))
-    tf.write_fit(tmp_path, fit, {"intercept_ms": "per step"})
-    again = tf.read_fit(tmp_path)
+    table_files.write_fit(tmp_path, fit, {"intercept_ms": "per step"})
+    again = table_files.read_fit(tmp_path)
     assert again.intercept_ms == 0.5 and again.knots_tokens == (0, 512)
     assert again.prefill_attention_ms_per_pair == pytest.approx(1e-6)
     assert again.held_out == (ErrorStats("all", 7, 3.5, 6.0),)
@@ -414,7 +420,7 @@ def test_swap_cost_follows_the_scenario_gpu(table_dir: Path) -> None:
 def test_verify_term_prices_each_drafting_sequence(table_dir: Path, tmp_path: Path) -> None:
     """verify_seq_ms is charged once per decode that verifies drafts, on top of the rows and
     attention its drafts add; a fit.json written before the term existed loads it as 0."""
-    fit = tf.read_fit(table_dir)
+    fit = table_files.read_fit(table_dir)
     with_term = TableLatency(dataclasses.replace(fit, verify_seq_ms=0.5))
     without = TableLatency(dataclasses.replace(fit, verify_seq_ms=0.0))
     plain = StepShape(num_decodes=4, decode_context_sum=400, decode_context_max=100,
@@ -428,4 +434,4 @@ def test_verify_term_prices_each_drafting_sequence(table_dir: Path, tmp_path: Pa
     raw = json.loads((old / FIT_FILE).read_text())
     del raw["verify_seq_ms"]
     (old / FIT_FILE).write_text(json.dumps(raw))
-    assert tf.read_fit(old).verify_seq_ms == 0.0
+    assert table_files.read_fit(old).verify_seq_ms == 0.0

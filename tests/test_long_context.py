@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from sim.capacity import capacity_report
 from sim.cli import main
-from sim.compare_plots import plot_sweep
+from sim.config.capacity import capacity_report
+from sim.config.catalogue import get_hardware, get_model
+from sim.config.loader import load_scenario
 from sim.core.plan import StepShape
+from sim.experiments.run import run_scenario
+from sim.experiments.sweep import Backend, sweep
 from sim.latency import RooflineLatency
-from sim.run import run_scenario
-from sim.scenario import load_scenario
-from sim.specs import get_hardware, get_model
-from sim.sweep import Backend, sweep
+from sim.plots.compare import plot_sweep
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 CTX_128K = 128 * 1024

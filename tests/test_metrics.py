@@ -15,16 +15,21 @@ from hypothesis import strategies as st
 
 from sim.core.plan import StepPlan, StepShape
 from sim.core.request import Request, RequestState
-from sim.metrics import (
-    SLO,
-    RunRecorder,
-    describe_ms,
-    format_summary,
-    jsonable,
-    weighted_percentiles,
-)
-from sim.plots import plot_timeseries
-from sim.stats import LogHistogram, TimeBuckets
+from sim.plots.run import plot_run, plot_timeseries
+from sim.results.files import write_run_files
+from sim.results.metrics import RunRecorder
+from sim.results.report import format_summary, jsonable
+from sim.results.slo import SLO
+from sim.results.stats import LogHistogram, TimeBuckets, describe_ms, weighted_percentiles
+
+
+def write_outputs(rec: RunRecorder, out_dir: Path, summary: dict, plots: bool = True
+                  ) -> list[Path]:
+    """A recorder's files and (with `plots`) its pictures, as a run writes them."""
+    requests, series = rec.requests_frame(), rec.steps_frame()
+    paths = write_run_files(out_dir, summary, requests, series)
+    return paths + (plot_run(out_dir, summary, requests, series) if plots else [])
+
 
 # the documented percentile bound of LogHistogram's default 0.1% bins, plus float slack
 HIST_REL = math.sqrt(1.001) - 1 + 1e-9
@@ -204,7 +209,7 @@ def test_write_outputs_and_plots(tmp_path: Path) -> None:
     rec, _ = two_request_run()
     rec.record_rejected(rejected(7, 0.01, "prompt_too_long"))
     summary = rec.summary(slo=SLO(ttft_ms=90, tpot_ms=30), kv_blocks_total=8)
-    paths = rec.write_outputs(tmp_path / "out", summary)
+    paths = write_outputs(rec, tmp_path / "out", summary)
     names = {p.name for p in paths}
     assert {"summary.json", "requests.csv", "timeseries.csv"} <= names
     assert all(p.exists() for p in paths)
@@ -223,7 +228,7 @@ def test_write_outputs_and_plots(tmp_path: Path) -> None:
     series_lines = (tmp_path / "out" / "timeseries.csv").read_text().splitlines()
     assert series_lines[0].startswith("t_start_s,t_end_s,steps,busy_s,mean_batch_size")
     assert len(series_lines) == 1 + 4
-    no_plots = rec.write_outputs(tmp_path / "bare", summary, plots=False)
+    no_plots = write_outputs(rec, tmp_path / "bare", summary, plots=False)
     assert [p.suffix for p in no_plots] == [".json", ".csv", ".csv"]
 
 
@@ -234,7 +239,7 @@ def test_empty_run_does_not_crash(tmp_path: Path) -> None:
     assert math.isnan(s["mean_ttft_ms"]) and math.isnan(s["request_throughput"])
     assert s["max_kv_blocks_used"] is None
     assert "n/a" in format_summary(s)
-    paths = rec.write_outputs(tmp_path, s)
+    paths = write_outputs(rec, tmp_path, s)
     loaded = json.loads((tmp_path / "summary.json").read_text())
     assert loaded["mean_ttft_ms"] is None and loaded["duration"] is None
     assert all(p.read_bytes().startswith(PNG_MAGIC) for p in paths if p.suffix == ".png")
@@ -304,7 +309,7 @@ def test_waste_time_series_per_bucket(tmp_path: Path) -> None:
     assert series["mean_kv_slots_held"].iloc[3] == 16
     assert series["mean_kv_live_tokens"].tolist()[:2] == [16, 18]
     assert series["mean_kv_live_tokens"].iloc[3] == 18
-    paths = rec.write_outputs(tmp_path, rec.summary(kv_blocks_total=8, block_size=16))
+    paths = write_outputs(rec, tmp_path, rec.summary(kv_blocks_total=8, block_size=16))
     assert (tmp_path / "timeseries.png") in paths
     header = (tmp_path / "timeseries.csv").read_text().splitlines()[0]
     assert header.endswith("mean_kv_slots_held,mean_kv_live_tokens")

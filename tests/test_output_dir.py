@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.output_dir import OutputDirError, Staging, check_output_dir, variant_dir
+from sim.results.output_dir import OutputDirError, Staging, check_output_dir, variant_dir
 
 
 def stage_files(parent: Path) -> list[str]:

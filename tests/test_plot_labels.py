@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_hex
 
-from sim.compare_plots import field_label, sweep_figure, value_label
-from sim.plots import timeseries_figure
-from sim.timeline_plots import merge_runs, plot_request_timeline
+from sim.plots.compare import field_label, sweep_figure, value_label
+from sim.plots.run import timeseries_figure
+from sim.plots.timeline import merge_runs, plot_request_timeline
 
 GRID = ["workload.prompt_tokens.value", "workload.arrivals.rate"]
 

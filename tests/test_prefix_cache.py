@@ -8,17 +8,18 @@ from pathlib import Path
 
 import pytest
 from reference_scheduler import ReferenceContinuousScheduler, ReferencePagedBlockManager
-from test_continuous_scheduler import _lockstep, drive
+from test_continuous_scheduler import _lockstep
 
+from sim.config.scenario import Scenario
 from sim.core.contiguous import ContiguousAllocator
+from sim.core.drive import run_steps
 from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepResult
 from sim.core.prefix import block_hashes
 from sim.core.request import Request
 from sim.core.schedulers import ContinuousScheduler
-from sim.report import format_summary
-from sim.run import run_scenario
-from sim.scenario import Scenario
+from sim.experiments.run import run_scenario
+from sim.results.report import format_summary
 
 MOONCAKE = (Path(__file__).resolve().parents[1] / "sim" / "workload" / "data" / "traces"
             / "mooncake_conversation.jsonl")
@@ -181,7 +182,7 @@ def test_synthetic_hit_rate_equals_ideal_reuse(block_size: int) -> None:
     kv = PagedBlockManager(5000, block_size, 0.0, enable_prefix_cache=True)
     sched = ContinuousScheduler(kv, 16, 256)
     requests = [ids_request(i, ids, p, unit, o, a) for i, (a, p, o, ids) in enumerate(rows)]
-    drive(sched, requests)
+    run_steps(sched, requests, after=sched.kv.check_invariants)
     assert kv.num_evictions == 0
     assert [r.prefix_hit_tokens for r in requests] == ideal_hit_tokens(rows, unit, block_size)
     assert sum(r.prefix_hit_tokens for r in requests) > 0
@@ -203,7 +204,7 @@ def test_token_ids_hit_like_prefix_ids() -> None:
                 requests.append(Request(i, a, p, o, prompt_token_ids=tokens))
             else:
                 requests.append(ids_request(i, ids, p, unit, o, a))
-        drive(sched, requests)
+        run_steps(sched, requests, after=sched.kv.check_invariants)
         results.append([r.prefix_hit_tokens for r in requests])
     assert results[0] == results[1] and sum(results[0]) > 0
 
@@ -216,7 +217,7 @@ def test_both_scheduler_paths_hit_identically_under_concurrency() -> None:
         kv = PagedBlockManager(400, 16, 0.01, enable_prefix_cache=True)
         sched = ContinuousScheduler(kv, 32, 512, vectorize_at=vectorize_at)
         requests = [ids_request(i, ids, p, unit, o, a) for i, (a, p, o, ids) in enumerate(rows)]
-        _, run = drive(sched, requests)
+        _, run = run_steps(sched, requests, after=sched.kv.check_invariants)
         plans.append(run)
         assert kv.num_used_blocks == 0 and kv.num_evictions > 0
         assert sum(r.prefix_hit_tokens for r in requests) > 0

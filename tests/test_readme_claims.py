@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
+from sim.cli.tokens import count_tokens
 from sim.text import TokenizerError, load_tokenizer
-from sim.tokens_cli import count_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -6,9 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sim.config.catalogue import get_hardware, get_model
+from sim.config.costs import weights_bytes
 from sim.core.plan import StepShape
 from sim.latency import LatencyModel, RooflineLatency
-from sim.specs import get_hardware, get_model, weights_bytes
 
 LLAMA_8B = get_model("llama-3-8b")
 H100 = get_hardware("h100-sxm")

@@ -15,8 +15,8 @@ from calibrate.roofline_check import (
     linear_stack_terms,
     prefill_attention_s,
 )
+from sim.config.catalogue import get_hardware, get_model
 from sim.latency.roofline import RooflineLatency
-from sim.specs import get_hardware, get_model
 
 
 def _shape(name: str) -> ModelShape:

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sim.config.sections import RouterConfig
 from sim.core.request import Request
-from sim.router import (
+from sim.world.router import (
     POLICIES,
     LeastOutstanding,
     PowerOfTwo,
@@ -21,7 +22,6 @@ from sim.router import (
     build_router,
     router_rng,
 )
-from sim.scenario import RouterConfig
 
 
 @dataclass

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.scenario import DEFAULT_WORKLOAD, Scenario, ScenarioError, load_scenario
+from sim.config.loader import load_scenario
+from sim.config.scenario import DEFAULT_WORKLOAD, Scenario
+from sim.config.yaml_input import ScenarioError
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 

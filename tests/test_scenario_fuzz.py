@@ -16,8 +16,10 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sim.scenario import Scenario, ScenarioError, load_scenario
-from sim.schema_cli import field_docs
+from sim.cli.schema import field_docs
+from sim.config.loader import load_scenario
+from sim.config.scenario import Scenario
+from sim.config.yaml_input import ScenarioError
 
 PATHS = sorted({re.sub(r"\[[^]]*\]", "", doc.path) for doc in field_docs()})
 NAMES = sorted({part for path in PATHS for part in path.split(".")})

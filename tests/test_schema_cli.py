@@ -8,10 +8,14 @@ import json
 import pytest
 from pydantic import BaseModel
 
-import sim.scenario
+import sim.config.draws
+import sim.config.scenario
+import sim.config.sections
+import sim.config.speculative
+import sim.config.workload
 from sim.cli import build_parser, main
-from sim.scenario import SCHEMA_VERSION, Scenario
-from sim.schema_cli import field_docs
+from sim.cli.schema import field_docs
+from sim.config.scenario import SCHEMA_VERSION, Scenario
 
 
 def schema_json(capsys: pytest.CaptureFixture[str]) -> dict:
@@ -20,9 +24,11 @@ def schema_json(capsys: pytest.CaptureFixture[str]) -> dict:
 
 
 def scenario_models() -> list[type[BaseModel]]:
-    """Every section model defined in sim/scenario.py (the workload's live in sim.workload)."""
-    return [m for m in vars(sim.scenario).values() if isinstance(m, type)
-            and issubclass(m, BaseModel) and m.__module__ == "sim.scenario"
+    """Every section model the scenario schema defines, the workload's included."""
+    modules = (sim.config.scenario, sim.config.sections, sim.config.speculative,
+               sim.config.workload, sim.config.draws)
+    return [m for module in modules for m in vars(module).values() if isinstance(m, type)
+            and issubclass(m, BaseModel) and m.__module__ == module.__name__
             and m.model_fields]
 
 

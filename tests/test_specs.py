@@ -9,27 +9,28 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.specs import (
+from sim.config.catalogue import (
     HARDWARE,
     MODELS,
-    ModelSpec,
-    RopeScaling,
+    get_hardware,
+    get_model,
+    hardware_from_fields,
+    model_from_fields,
+)
+from sim.config.costs import (
     activation_reserve_bytes,
     allreduce_time_s,
     decode_step_floor_s,
     flops_per_token,
-    get_hardware,
-    get_model,
-    hardware_from_fields,
     kv_budget_bytes,
     kv_bytes_per_token,
     max_concurrency,
     max_kv_tokens,
     memory_bound_crossover_batch,
-    model_from_fields,
     weights_bytes,
     weights_read_bytes,
 )
+from sim.config.specs import ModelSpec, RopeScaling
 
 H100 = get_hardware("h100-sxm")
 

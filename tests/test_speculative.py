@@ -11,18 +11,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference_scheduler import ReferenceContinuousScheduler, ReferencePagedBlockManager
 
+from sim.assemble import kv_budget
 from sim.cli import main
+from sim.config.catalogue import get_hardware, get_model
+from sim.config.costs import kv_bytes_per_token, weights_bytes
+from sim.config.loader import load_scenario
 from sim.core.contiguous import ContiguousAllocator
+from sim.core.drive import run_steps
 from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepPlan, StepResult, StepShape
 from sim.core.request import Request, RequestState
 from sim.core.schedulers import ContinuousScheduler
+from sim.experiments.run import run_scenario
 from sim.latency import RooflineLatency
 from sim.latency.draft import ModelDraft, NgramDraft, SpeculativeLatency
-from sim.run import kv_budget, run_scenario
-from sim.scenario import load_scenario
-from sim.specs import get_hardware, get_model, kv_bytes_per_token, weights_bytes
-from sim.speculative import (
+from sim.world.speculation import (
     AcceptanceSampler,
     BetaAcceptance,
     FixedAcceptance,
@@ -38,21 +41,19 @@ H100, LLAMA = get_hardware("h100-sxm"), get_model("llama-3-8b")
 
 def drive_spec(sched: ContinuousScheduler, requests: list[Request], sampler: AcceptanceSampler,
                on_step=None) -> list[tuple[StepPlan, StepResult]]:
-    """All requests at t=0 (a virtual clock, 1 s per step); checks the pool after each step."""
-    for r in requests:
-        sched.add(r, 0.0)
-    now, steps = 0.0, []
-    while sched.has_unfinished():
-        plan = sched.schedule(now)
-        assert plan is not None, "nothing runnable with work left"
-        result = sampler(plan)
-        now += 1.0
-        sched.on_step_done(plan, result, now)
+    """A virtual clock, 1 s per step (sim.core.drive); checks the pool after each step."""
+    steps: list[tuple[StepPlan, StepResult]] = []
+
+    def result(plan: StepPlan) -> StepResult:
+        steps.append((plan, sampler(plan)))
+        return steps[-1][1]
+
+    def after() -> None:
         sched.kv.check_invariants()
-        steps.append((plan, result))
         if on_step is not None:
-            on_step(plan, result)
-        assert len(steps) < 100_000
+            on_step(*steps[-1])
+
+    run_steps(sched, requests, lambda _: 1.0, after=after, result=result, max_steps=100_000)
     return steps
 
 

@@ -5,21 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from drive_scheduler import drive
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_des import FixedLatency, SpyRecorder
 
+from sim.assemble import build_block_manager, kv_budget
+from sim.config.catalogue import get_hardware, get_model
+from sim.config.loader import load_scenario
+from sim.config.yaml_input import ScenarioError
 from sim.core.contiguous import ContiguousAllocator
+from sim.core.drive import run_steps
 from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
 from sim.core.schedulers import DynamicScheduler, StaticScheduler
-from sim.des import simulate
+from sim.experiments.run import run_scenario
 from sim.latency.roofline import RooflineLatency
-from sim.run import build_block_manager, kv_budget, run_scenario
-from sim.scenario import ScenarioError, load_scenario
-from sim.specs import get_hardware, get_model
+from sim.world.fleet import simulate
 
 
 def pool(num_blocks: int = 1000, block_size: int = 4) -> ContiguousAllocator:
@@ -188,7 +190,7 @@ def test_request_level_conservation(spec, policy, batch_size, wait_s, num_blocks
                or (policy == "static" and sched.closed))
         assert due, f"a short batch launched early at {now}"
 
-    done, plans = drive(sched, requests, check=check)
+    done, plans = run_steps(sched, requests, check=check, after=sched.kv.check_invariants)
     assert sorted(r.request_id for r in done) == list(range(len(requests)))  # each once
     for r in requests:
         if r.state is RequestState.REJECTED:

@@ -5,17 +5,18 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_continuous_scheduler import drive
 
+from sim.config.catalogue import get_hardware, get_model
+from sim.config.costs import kv_bytes_per_token
+from sim.config.scenario import Scenario
 from sim.core.contiguous import ContiguousAllocator
+from sim.core.drive import run_steps
 from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepShape
 from sim.core.request import Request, RequestState
 from sim.core.schedulers import ContinuousScheduler
+from sim.experiments.run import run_scenario
 from sim.latency.roofline import RooflineLatency
-from sim.run import run_scenario
-from sim.scenario import Scenario
-from sim.specs import get_hardware, get_model, kv_bytes_per_token
 
 ROOF = RooflineLatency(get_model("llama-3-8b"), get_hardware("h100-sxm"))
 
@@ -30,7 +31,7 @@ def run(preemption: str, host_blocks: int = 10_000, vectorize_at: int = 24,
     kv = PagedBlockManager(60, 8, 0.01, host_swap_blocks=host_blocks)
     sched = ContinuousScheduler(kv, 16, 256, vectorize_at=vectorize_at, preemption=preemption)
     requests = [Request(i, a, p, o) for i, (a, p, o) in enumerate(workload())]
-    _, plans = drive(sched, requests, step_s=ROOF.step_time)
+    _, plans = run_steps(sched, requests, step_s=ROOF.step_time, after=sched.kv.check_invariants)
     assert kv.num_used_blocks == 0 and kv.num_host_blocks_used == 0
     return requests, plans, sched
 

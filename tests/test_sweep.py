@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from sim.cli import main
-from sim.sweep import Backend, SweepError, grid_points, parse_grid, sweep
+from sim.experiments.sweep import Backend, SweepError, grid_points, parse_grid, sweep
 
 TINY = """\
 name: tiny

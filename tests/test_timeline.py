@@ -16,10 +16,12 @@ from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import PagedBlockManager
 from sim.core.request import Request, RequestState
 from sim.core.schedulers import ContinuousScheduler, StaticScheduler
-from sim.des import simulate
-from sim.metrics import RunRecorder
-from sim.timeline_plots import SlotRecorder, plot_request_timeline, slot_use
-from sim.trace import MARK_KINDS, RUN_KINDS, choose_requests, read_timeline
+from sim.observe.slots import SlotRecorder
+from sim.observe.trace import MARK_KINDS, RUN_KINDS, choose_requests, read_timeline
+from sim.plots.slots import slot_use
+from sim.plots.timeline import plot_request_timeline
+from sim.results.metrics import RunRecorder
+from sim.world.fleet import simulate
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.yaml"
 

@@ -217,7 +217,7 @@ def test_a_missing_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_sim_text_imports_no_torch() -> None:
-    code = ("import sys, sim.text, sim.tokens_cli, sim.workload.text\n"
+    code = ("import sys, sim.text, sim.cli.tokens, sim.workload.text\n"
             "sim.text.load_tokenizer('byte')\nprint('torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)

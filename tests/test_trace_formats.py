@@ -170,7 +170,7 @@ def test_a_bare_trace_path_is_the_path_form() -> None:
 
 
 def test_set_reaches_into_a_bare_trace_path() -> None:
-    from sim.scenario import apply_overrides
+    from sim.config.loader import apply_overrides
 
     raw = apply_overrides({"workload": {"trace": "x.csv"}}, ["workload.trace.time_scale=2"])
     assert raw["workload"]["trace"] == {"path": "x.csv", "time_scale": 2}
@@ -296,7 +296,7 @@ def test_cli_shows_a_zero_length_warning_as_one_line_and_runs(
 
 
 def _compare_base(tmp_path: Path, workload: dict) -> object:
-    from sim.compare import load_spec
+    from sim.experiments.compare import load_spec
 
     spec = tmp_path / "c.yaml"
     spec.write_text(yaml.safe_dump({

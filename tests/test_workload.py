@@ -31,7 +31,8 @@ from sim.workload.lengths import (
     Uniform,
     sample_lengths,
 )
-from sim.workload.traces import MOONCAKE_UNIT_TOKENS, TraceFormatError, read_trace
+from sim.workload.trace import MOONCAKE_UNIT_TOKENS
+from sim.workload.traces import TraceFormatError, read_trace
 
 SHIPPED = Path(__file__).resolve().parents[1] / "sim" / "workload" / "data" / "traces"
 FAST = settings(max_examples=25, deadline=None)

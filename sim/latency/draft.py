@@ -19,7 +19,7 @@ from sim.latency import LatencyModel
 from sim.latency.roofline import RooflineLatency
 
 if TYPE_CHECKING:
-    from sim.scenario import Scenario
+    from sim.config.scenario import Scenario
 
 # A draft pass reuses the step's scheduling and input preparation; what is left is
 # launching its kernels (a CUDA-graph replay of a small model: ~0.05-0.2 ms).

@@ -15,27 +15,24 @@ KV writes each, and the drafts' attention over the cached context plus the
 causal pairs among the new positions (k taken as the step's mean k_i). The
 KV is read once per sequence however many positions verify, which is why a
 memory-bound decode verifies drafts almost for free. The draft's own passes
-are priced by sim.speculative.SpeculativeLatency around this model.
+are priced by sim.latency.draft.SpeculativeLatency around this model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.core.plan import StepShape
-from sim.specs import (
-    HardwareSpec,
-    ModelSpec,
+from sim.config.costs import (
     allreduce_time_s,
     attention_flops_per_pair,
-    check_tp,
     expert_weight_bytes,
     kv_bytes_per_token,
-    kv_heads_per_gpu,
     linear_flops_per_token,
     lm_head_flops_per_seq,
     weights_read_bytes,
 )
+from sim.config.specs import HardwareSpec, ModelSpec, check_tp, kv_heads_per_gpu
+from sim.core.plan import StepShape
 
 # Per step: scheduler, input prep, sampling and launch gaps of a vLLM-class engine
 # measure ~1-3 ms outside the kernels; calibration replaces this guess.

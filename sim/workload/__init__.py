@@ -29,13 +29,8 @@ from sim.workload.lengths import (
     sample_lengths,
 )
 from sim.workload.prefixes import SharedPrefix, num_units
-from sim.workload.traces import (
-    MOONCAKE_UNIT_TOKENS,
-    Trace,
-    TraceFormatError,
-    detect_format,
-    read_trace,
-)
+from sim.workload.trace import MOONCAKE_UNIT_TOKENS, Trace
+from sim.workload.traces import TraceFormatError, detect_format, read_trace
 
 __all__ = [
     "MOONCAKE_UNIT_TOKENS",

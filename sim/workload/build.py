@@ -13,19 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.workload.arrivals import ArrivalProcess
-from sim.workload.conversations import ConversationSpec, ThinkTime
-from sim.workload.lengths import (
-    Empirical,
-    Fixed,
-    LengthDist,
-    LengthSpec,
-    Lognormal,
-    Normal,
-    Uniform,
-)
-from sim.workload.prefixes import SharedPrefix
-from sim.workload.schema import (
+from sim.config.draws import (
     ConstantArrivals,
     EmpiricalConfig,
     ExponentialTime,
@@ -38,11 +26,25 @@ from sim.workload.schema import (
     NormalConfig,
     PoissonArrivals,
     TimeConfig,
+    TraceFormat,
     UniformConfig,
-    WorkloadConfig,
 )
+from sim.config.workload import WorkloadConfig
+from sim.workload.arrivals import ArrivalProcess
+from sim.workload.conversations import ConversationSpec, ThinkTime
+from sim.workload.lengths import (
+    Empirical,
+    Fixed,
+    LengthDist,
+    LengthSpec,
+    Lognormal,
+    Normal,
+    Uniform,
+)
+from sim.workload.prefixes import SharedPrefix
 from sim.workload.text import trace_lengths, workload_tokenizer
-from sim.workload.traces import Trace, TraceFormat, detect_format, read_column, read_trace
+from sim.workload.trace import Trace
+from sim.workload.traces import detect_format, read_column, read_trace
 
 BUILTIN_PREFIX = "builtin:"
 # the shipped traces (package data; sources, licences and citations in data/traces/README.md)

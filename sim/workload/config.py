@@ -4,7 +4,7 @@ Arrivals and each length draw from their own child generator of one
 `SeedSequence`, so editing one distribution never shifts the others' draws;
 adding `shared_prefix` keeps arrivals and output lengths draw for draw and
 only lengthens the prompts that open with a system prompt. The config models
-live in `schema` and are re-exported here.
+live in `sim.config.workload` (the scenario schema) and are re-exported here.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.config.workload import ConversationsConfig, SharedPrefixConfig, TraceConfig, WorkloadConfig
 from sim.core.request import Request
 from sim.workload.arrivals import DEFAULT_CHUNK_SIZE, ArrivalProcess, arrival_chunks_s
 from sim.workload.build import (
@@ -29,14 +30,8 @@ from sim.workload.build import (
 from sim.workload.conversations import conversation_turns
 from sim.workload.lengths import LengthSpec, sample_lengths
 from sim.workload.prefixes import IdSource, SharedPrefix, shared_prompt
-from sim.workload.schema import (
-    ConversationsConfig,
-    SharedPrefixConfig,
-    TraceConfig,
-    WorkloadConfig,
-)
 from sim.workload.text import TextTrace, check_fill, text_requests
-from sim.workload.traces import MOONCAKE_UNIT_TOKENS, Trace, replay_times_s
+from sim.workload.trace import MOONCAKE_UNIT_TOKENS, Trace, replay_times_s
 
 __all__ = [
     "ConversationsConfig",

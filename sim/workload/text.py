@@ -24,6 +24,7 @@ from sim.text import ByteTokenizer, Tokenizer, TokenizerError, load_tokenizer
 from sim.text.catalogue import find_known
 from sim.workload.arrivals import ArrivalProcess
 from sim.workload.lengths import LengthSpec, sample_lengths
+from sim.workload.trace import Trace, replay_times_s
 from sim.workload.trace_rows import (
     TraceFormatError,
     at_least_one,
@@ -33,7 +34,6 @@ from sim.workload.trace_rows import (
     row_error,
     seconds,
 )
-from sim.workload.traces import Trace, replay_times_s
 
 _ARRIVAL_KEYS = ("arrival_s", "timestamp")
 _EXPECTED = 'a JSON object with a "prompt" string'

@@ -20,14 +20,13 @@ names and surplus ids lie past the prompt.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.workload.arrivals import ArrivalProcess, arrival_chunks_s
+from sim.config.draws import TraceFormat
 from sim.workload.csv_traces import (
     CSV_FORMATS,
     detect_csv_format,
@@ -36,6 +35,8 @@ from sim.workload.csv_traces import (
     read_csv_rows,
     read_header,
 )
+from sim.workload.text import is_text_jsonl, read_text_trace
+from sim.workload.trace import MOONCAKE_UNIT_TOKENS, Trace, rebased_s
 from sim.workload.trace_rows import (
     TraceFormatError,
     at_least_one,
@@ -49,38 +50,9 @@ from sim.workload.trace_rows import (
 if TYPE_CHECKING:
     from sim.text import Tokenizer
 
-# text: JSONL with a prompt; the CSV formats are `csv_traces.CSV_FORMATS`
-TraceFormat = Literal["azure", "burstgpt", "vidur", "csv", "mooncake", "text"]
-MOONCAKE_UNIT_TOKENS = 512
 _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
 
-__all__ = ["MOONCAKE_UNIT_TOKENS", "Trace", "TraceFormat", "TraceFormatError", "detect_format",
-           "read_column", "read_trace", "replay_times_s"]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Trace:
-    """A whole trace as columns; `prefix_block_ids` only for traces that carry them.
-
-    Without arrival times (`arrivals_given` False) `arrival_s` is all zeros and
-    `arrival_column` names what the file would need to carry them.
-    """
-
-    source: str
-    arrival_s: np.ndarray
-    prompt_tokens: np.ndarray
-    output_tokens: np.ndarray
-    prefix_block_ids: tuple[tuple[int, ...], ...] | None = None
-    num_prefix_mismatched: int = 0
-    arrivals_given: bool = True
-    arrival_column: str = "arrival_s"
-
-    def __len__(self) -> int:
-        return int(self.arrival_s.size)
-
-
-def _rebased_s(arrival_s: np.ndarray, time_scale: float) -> np.ndarray:
-    return (arrival_s - arrival_s[0]) / time_scale
+__all__ = ["TraceFormatError", "detect_format", "read_column", "read_trace"]
 
 
 def _read_csv(path: Path, fmt: str, mapping: Mapping[str, str | None] | None,
@@ -94,7 +66,7 @@ def _read_csv(path: Path, fmt: str, mapping: Mapping[str, str | None] | None,
         check_arrivals(rows.arrival_s, rows.lines, rows.arrival_cells, path, arrival_column)
     return Trace(
         source=str(path),
-        arrival_s=(_rebased_s(rows.arrival_s, time_scale) if rows.arrival_s is not None
+        arrival_s=(rebased_s(rows.arrival_s, time_scale) if rows.arrival_s is not None
                    else np.zeros(len(rows.lines))),
         prompt_tokens=at_least_one(rows.prompt_tokens, rows.lines, path, columns.prompt_tokens),
         output_tokens=at_least_one(rows.output_tokens, rows.lines, path, columns.output_tokens),
@@ -130,7 +102,7 @@ def _read_mooncake(path: Path, time_scale: float) -> Trace:
     unit = MOONCAKE_UNIT_TOKENS
     return Trace(
         source=str(path),
-        arrival_s=_rebased_s(arrival_s, time_scale),
+        arrival_s=rebased_s(arrival_s, time_scale),
         prompt_tokens=at_least_one(np.asarray(prompts, dtype=np.int64), lines, path,
                                    "input_length"),
         output_tokens=at_least_one(np.asarray(outputs, dtype=np.int64), lines, path,
@@ -146,8 +118,6 @@ def _read_mooncake(path: Path, time_scale: float) -> Trace:
 def detect_format(path: Path) -> TraceFormat:
     """Guess the format from the extension and, for CSV, the header (`csv` if none fits)."""
     if path.suffix.lower() in (".jsonl", ".json"):
-        from sim.workload.text import is_text_jsonl
-
         return "text" if is_text_jsonl(path) else "mooncake"
     return detect_csv_format(read_header(path)) or "csv"  # type: ignore[return-value]
 
@@ -176,8 +146,6 @@ def read_trace(path: Path | str, fmt: TraceFormat | None = None, time_scale: flo
         raise ValueError(f"trace.columns: maps the columns of a CSV trace; {path} is read as "
                          f"{fmt!r} (remove columns, or give a CSV)")
     if fmt == "text":
-        from sim.workload.text import read_text_trace
-
         return read_text_trace(path, tokenizer, time_scale)
     if fmt == "mooncake":
         return _read_mooncake(path, time_scale)
@@ -203,13 +171,3 @@ def read_column(path: Path | str, fmt: TraceFormat | None, column: str) -> np.nd
     if not lines:
         raise TraceFormatError(f"{path}: the trace has no rows")
     return at_least_one(values, lines, path, column)
-
-
-def replay_times_s(trace: Trace, process: ArrivalProcess | None, seed: int, chunk_size: int
-                   ) -> Iterator[float]:
-    """The trace's own arrivals, or, for a trace without them, `process` drawn from child 0 of
-    two of the scenario seed (text traces' draws have always come from there)."""
-    if trace.arrivals_given or process is None:
-        return iter(trace.arrival_s.tolist())
-    rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[0])
-    return (t for chunk in arrival_chunks_s(process, rng, chunk_size) for t in chunk.tolist())

@@ -50,3 +50,20 @@ class Scheduler(Protocol):
         ...
 
     def has_unfinished(self) -> bool: ...
+
+    # -- counters the worlds read (summaries, the TTFT diagnosis, speculation) ----------
+    @property
+    def speculative_tokens(self) -> int:
+        """k: draft tokens per decoding sequence per step; 0 = no speculation."""
+        ...
+
+    @property
+    def num_recomputed_tokens(self) -> int:
+        """Computed tokens dropped by recompute preemption so far."""
+        ...
+
+    @property
+    def kv_blocked(self) -> bool:
+        """The last schedule() held requests back for lack of KV memory: admission stopped on
+        blocks (continuous), or the running batch launched short on a full pool (request-level)."""
+        ...

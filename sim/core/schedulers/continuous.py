@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from sim.core.batching import graph_batch_sizes, padded_batch_size
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import KVManager, PagedBlockManager
 from sim.core.plan import StepPlan, StepResult
@@ -55,13 +56,15 @@ class ContinuousScheduler:
     `max_output_tokens` caps outputs (longer ones are rejected) and, on a contiguous
     pool, sizes reservations with max_model_len (one of them is then required).
     `preemption`: "recompute" or "swap" (swap needs a paged pool with a host pool).
+    `cuda_graphs`: a decode-only step's `padded_batch` is the next CUDA-graph batch size
+    (sim.core.batching), the batch the engine runs.
     """
 
     def __init__(self, kv: KVManager, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, chunked_prefill: bool = True,
                  max_model_len: int | None = None, vectorize_at: int = 24,
                  max_output_tokens: int | None = None, preemption: str = "recompute",
-                 speculative_tokens: int = 0) -> None:
+                 speculative_tokens: int = 0, cuda_graphs: bool = False) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < max_num_seqs:
@@ -98,6 +101,8 @@ class ContinuousScheduler:
         # read-only: the last admission stopped for lack of KV blocks (TTFT diagnosis)
         self.kv_blocked = False
         self.speculative_tokens = speculative_tokens
+        # CUDA graphs: a decode-only step runs padded to the next captured batch size
+        self._graph_sizes = graph_batch_sizes(max_num_seqs) if cuda_graphs else ()
 
     @property
     def speculative_tokens(self) -> int:
@@ -237,7 +242,10 @@ class ContinuousScheduler:
     def _build(self, step: PlanBuilder, preempted: list[int]) -> StepPlan:
         if self._swap_out_pending:
             step.swap_out_tokens, self._swap_out_pending = self._swap_out_pending, 0
-        return step.build(tuple(preempted))
+        padded = 0
+        if self._graph_sizes and not step.chunk_tokens and step.spec is None:
+            padded = padded_batch_size(len(step.request_ids), self._graph_sizes)
+        return step.build(tuple(preempted), padded)
 
     def _admit(self, budget: int, step: PlanBuilder, now: float) -> None:
         """Admit waiting requests FCFS while budget, seats and blocks last."""

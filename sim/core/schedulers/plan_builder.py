@@ -76,9 +76,12 @@ class PlanBuilder:
         if spec > self.spec_depth:
             self.spec_depth = spec
 
-    def build(self, preempted: tuple[int, ...]) -> StepPlan:
+    def build(self, preempted: tuple[int, ...], padded_batch: int = 0) -> StepPlan:
+        """The frozen plan; `padded_batch`: slots the kernels run over, if more than its
+        sequences (a CUDA-graph bucket)."""
         shape = StepShape(tuple(self.chunk_tokens), tuple(self.chunk_contexts), self.num_decodes,
-                          self.decode_sum, self.decode_max, len(self.request_ids),
+                          self.decode_sum, self.decode_max,
+                          max(padded_batch, len(self.request_ids)),
                           self.swap_out_tokens, self.swap_in_tokens, self.num_spec_decodes,
                           self.spec_tokens, self.spec_depth, self.spec_context_sum)
         return StepPlan(tuple(self.request_ids), tuple(self.num_new), tuple(self.contexts),

@@ -1,7 +1,7 @@
 """Policy name -> how to build its scheduler and which KV pools it runs on.
 
 Why a registry: the scenario loader validates `scheduler.policy` and `kv.mode`
-against it and sim.run builds from it, so adding a policy touches one place.
+against it and sim.assemble builds from it, so adding a policy touches one place.
 Settings arrive as one plain value (no pydantic here: sim.core stays bare).
 """
 
@@ -31,6 +31,8 @@ class SchedulerSettings:
     batch_size: int = 16
     max_wait_s: float | None = None  # dynamic: None = DEFAULT_MAX_WAIT_S; static: no timer
     preemption: str = "recompute"  # continuous: "recompute" or "swap"
+    speculative_tokens: int = 0  # continuous: k drafts per decoding sequence per step
+    cuda_graphs: bool = False  # continuous: pad decode-only steps to CUDA-graph batch sizes
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +46,16 @@ class Policy:
 def _continuous(kv: KVManager, s: SchedulerSettings) -> Scheduler:
     return ContinuousScheduler(kv, s.max_num_seqs, s.max_num_batched_tokens, s.chunked_prefill,
                                s.max_model_len, max_output_tokens=s.max_output_tokens,
-                               preemption=s.preemption)
+                               preemption=s.preemption, speculative_tokens=s.speculative_tokens,
+                               cuda_graphs=s.cuda_graphs)
+
+
+def _request_level(kv: KVManager, s: SchedulerSettings) -> ContiguousAllocator:
+    """The contiguous pool request-level batching needs; it never speculates."""
+    if s.speculative_tokens:
+        raise ValueError(f"speculative decoding needs continuous batching, got "
+                         f"speculative_tokens={s.speculative_tokens} for request-level batching")
+    return _contiguous(kv)
 
 
 def _contiguous(kv: KVManager) -> ContiguousAllocator:
@@ -55,13 +66,13 @@ def _contiguous(kv: KVManager) -> ContiguousAllocator:
 
 
 def _static(kv: KVManager, s: SchedulerSettings) -> Scheduler:
-    return StaticScheduler(_contiguous(kv), s.batch_size, s.max_wait_s, s.max_model_len,
+    return StaticScheduler(_request_level(kv, s), s.batch_size, s.max_wait_s, s.max_model_len,
                            s.max_output_tokens)
 
 
 def _dynamic(kv: KVManager, s: SchedulerSettings) -> Scheduler:
     wait_s = DEFAULT_MAX_WAIT_S if s.max_wait_s is None else s.max_wait_s
-    return DynamicScheduler(_contiguous(kv), s.batch_size, wait_s, s.max_model_len,
+    return DynamicScheduler(_request_level(kv, s), s.batch_size, wait_s, s.max_model_len,
                             s.max_output_tokens)
 
 

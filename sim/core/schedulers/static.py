@@ -25,6 +25,8 @@ class StaticScheduler:
 
     pads_to_batch_size: ClassVar[bool] = True  # a short batch still runs over B slots
     launches_on_close: ClassVar[bool] = True  # the end of arrivals launches a short batch
+    speculative_tokens: ClassVar[int] = 0  # request-level batching never speculates
+    num_recomputed_tokens: ClassVar[int] = 0  # nor preempts: a batch runs to completion
 
     def __init__(self, kv: ContiguousAllocator, batch_size: int = 16,
                  max_wait_s: float | None = None, max_model_len: int | None = None,
@@ -47,6 +49,8 @@ class StaticScheduler:
         self.waiting: deque[Request] = deque()
         self.batch: RequestBatch | None = None
         self.closed = False
+        # read-only: the running batch launched short on a full pool while requests waited
+        self.kv_blocked = False
 
     # -- queries -------------------------------------------------------------
     @property
@@ -117,6 +121,7 @@ class StaticScheduler:
             req.state = RequestState.RUNNING
             req.first_scheduled_s = now
             members.append(req)
+        self.kv_blocked = bool(waiting) and len(members) < self.batch_size
         padded = self.batch_size if self.pads_to_batch_size else len(members)
         return RequestBatch(members, padded, self.pad_prompts)
 

@@ -1,0 +1,134 @@
+"""A scenario becomes the parts of a replica: its KV budget and pool, its scheduler, its
+latency model. No SimPy and no torch: the simulator (sim.experiments.run), the engine
+(gpu_engine.setup) and calibration all build their replicas here, so the two worlds get
+the same number of blocks and the same scheduling code from the same scenario; only
+how a step's duration is found differs (predicted there, measured on the engine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.config.costs import activation_reserve_bytes, kv_bytes_per_token, weights_bytes
+from sim.config.scenario import Scenario
+from sim.core.contiguous import ContiguousAllocator
+from sim.core.kv import KVBudget, KVManager, PagedBlockManager
+from sim.core.schedulers import Scheduler, SchedulerSettings
+from sim.core.schedulers import build_scheduler as build_policy
+from sim.latency import LatencyModel
+from sim.latency.roofline import RooflineLatency
+from sim.latency.table_files import open_table_latency
+from sim.latency.table_format import TableError
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaParts:
+    """One replica's KV pool and the scheduler that allocates from it."""
+
+    kv: KVManager
+    scheduler: Scheduler
+
+
+def kv_budget(scenario: Scenario) -> KVBudget:
+    """The memory budget terms for one replica (per GPU: tensor parallelism splits all).
+
+    A speculative draft model adds its weights, and its KV to every token's bytes.
+    """
+    model, tp = scenario.model_spec, scenario.hardware.count
+    dtype_bytes = scenario.kv.dtype_bytes
+    draft_weights, draft_kv = draft_memory_bytes(scenario)
+    return KVBudget(
+        memory_bytes=scenario.hardware_spec.memory_bytes,
+        memory_utilization=scenario.hardware.memory_utilization,
+        weights_bytes=weights_bytes(model, dtype_bytes=dtype_bytes, tp=tp) + draft_weights,
+        activation_reserve_bytes=activation_reserve_bytes(
+            model, scenario.scheduler.max_num_batched_tokens, scenario.scheduler.max_num_seqs,
+            dtype_bytes=dtype_bytes, tp=tp),
+        kv_bytes_per_token=kv_bytes_per_token(model, dtype_bytes=dtype_bytes, tp=tp) + draft_kv,
+        block_size=scenario.kv.block_size,
+    )
+
+
+def draft_memory_bytes(scenario: Scenario) -> tuple[float, float]:
+    """Per GPU: the draft model's weights and its KV bytes per token (0, 0 for n-gram).
+
+    The draft keeps KV for every token the target does, in the same blocks.
+    """
+    draft = scenario.speculative.draft_spec
+    if draft is None or not scenario.speculative.num_tokens:
+        return 0.0, 0.0
+    dtype, tp = scenario.kv.dtype_bytes, scenario.hardware.count
+    return (weights_bytes(draft, dtype_bytes=dtype, tp=tp),
+            kv_bytes_per_token(draft, dtype_bytes=dtype, tp=tp))
+
+
+def build_block_manager(scenario: Scenario, budget: KVBudget) -> KVManager:
+    """The KV pool of `kv.mode`; paged and contiguous get the same blocks from the same budget."""
+    num_blocks = scenario.kv.num_blocks or budget.num_blocks + 1  # + the null block
+    if num_blocks < 2:
+        raise ValueError(
+            f"no memory left for KV cache: {scenario.hardware.gpu} x{scenario.hardware.count} "
+            f"at memory_utilization {scenario.hardware.memory_utilization} cannot hold "
+            f"{scenario.model_spec.name}'s weights and activations; add GPUs (hardware.count) "
+            "or raise hardware.memory_utilization")
+    kv = scenario.kv
+    if scenario.kv_mode == "contiguous":
+        return ContiguousAllocator(num_blocks, kv.block_size, kv.watermark)
+    # the host pool holds every GPU's shard of a swapped block
+    block_bytes = budget.kv_bytes_per_token * scenario.hardware.count * kv.block_size
+    host_blocks = int(kv.host_swap_gib * 2**30 // block_bytes)
+    return PagedBlockManager(num_blocks, kv.block_size, kv.watermark,
+                             enable_prefix_cache=kv.prefix_caching, host_swap_blocks=host_blocks)
+
+
+def build_scheduler(scenario: Scenario, kv: KVManager, device: str | None = None) -> Scheduler:
+    """The scenario's policy over `kv`; `device` ("cpu" or "cuda") is where the engine runs
+    (None: the scenario's engine.device), which decides whether decode steps are padded to
+    CUDA-graph batch sizes (engine.cuda_graphs)."""
+    cfg = scenario.scheduler
+    settings = SchedulerSettings(
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        chunked_prefill=cfg.chunked_prefill,
+        max_model_len=cfg.max_model_len or scenario.model_spec.max_context_tokens,
+        max_output_tokens=cfg.max_output_tokens,
+        batch_size=cfg.batch_size,
+        max_wait_s=None if cfg.max_wait_ms is None else cfg.max_wait_ms / 1e3,
+        preemption=cfg.preemption,
+        speculative_tokens=scenario.speculative.num_tokens,  # validated: continuous only
+        cuda_graphs=scenario.engine.uses_cuda_graphs(device),
+    )
+    return build_policy(cfg.policy, kv, settings)
+
+
+def build_replica(scenario: Scenario, budget: KVBudget, device: str | None = None
+                  ) -> ReplicaParts:
+    """A fresh pool from `budget` and a scheduler over it: every world's replica (`device`:
+    see build_scheduler)."""
+    kv = build_block_manager(scenario, budget)
+    return ReplicaParts(kv, build_scheduler(scenario, kv, device))
+
+
+def build_latency(scenario: Scenario, base_dir: Path | None = None) -> LatencyModel:
+    """The scenario's latency model; a table's path is relative to `base_dir` (the scenario's)."""
+    cfg = scenario.latency
+    if cfg.model == "table" and cfg.path is not None:
+        model, tp = scenario.model_spec, scenario.hardware.count
+        # swaps cross the scenario GPU's host link, as in the roofline model
+        swap_s_per_token = (kv_bytes_per_token(model, dtype_bytes=scenario.kv.dtype_bytes, tp=tp)
+                            / scenario.hardware_spec.host_link_bandwidth_bytes_per_s)
+        try:
+            return open_table_latency((base_dir or Path.cwd()) / cfg.path, model,
+                                      scenario.kv.block_size, tp, swap_s_per_token)
+        except TableError as err:
+            raise TableError(f"latency.path: {err}") from None
+    options: dict[str, float] = {}
+    if cfg.step_overhead_ms is not None:
+        options["step_overhead_s"] = cfg.step_overhead_ms / 1e3
+    if cfg.compute_efficiency is not None:
+        options["compute_efficiency"] = cfg.compute_efficiency
+    if cfg.bandwidth_efficiency is not None:
+        options["bandwidth_efficiency"] = cfg.bandwidth_efficiency
+    return RooflineLatency(scenario.model_spec, scenario.hardware_spec, tp=scenario.hardware.count,
+                           dtype_bytes=scenario.kv.dtype_bytes, **options)

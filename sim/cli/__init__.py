@@ -1,0 +1,106 @@
+"""The `servesim` command: one thin face per subcommand (sim.cli.run, experiments, capacity,
+schema, tokens, explain, engine, calibrate), and how every command ends.
+
+The one place in sim that reaches gpu_engine and calibrate, lazily, inside the
+commands that need them (so `servesim --help` and the simulator never load
+torch); nothing imports this package. Ctrl-C and a closed pipe end any command quietly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+
+from sim import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from sim.cli import calibrate, capacity, engine, experiments, explain, run, schema, tokens
+
+    parser = argparse.ArgumentParser(
+        prog="servesim", description="Simulate LLM serving and answer capacity questions.")
+    parser.add_argument("--version", action="version", version=f"servesim {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run.add_run(sub)
+    experiments.add_compare(sub)
+    experiments.add_sweep(sub)
+    capacity.register(sub)
+    schema.register(sub)
+    tokens.register(sub)
+    explain.register(sub)
+    engine.register(sub)
+    calibrate.register(sub)  # its commands load calibrate (and torch) only when they run
+    return parser
+
+
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
+                      lineno: int, file: object = None, line: str | None = None) -> None:
+    """A warning is for the user: one `warning: ...` line, not the source line that raised it."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; Ctrl-C and a closed pipe end it quietly, for every command.
+
+    Ctrl-C: exit code 130 and one line; loky's worker processes are stopped so no
+    semaphore is leaked, and a result directory in the making is removed
+    (sim.results.output_dir). A reader that stops early (`servesim explain ... | head`):
+    the rest of the output is dropped and the exit code is 141, as for SIGPIPE.
+    """
+    try:
+        args = build_parser().parse_args(argv)
+        with warnings.catch_warnings():  # restores the usual display when the command returns
+            warnings.showwarning = _one_line_warning
+            code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+        return code
+    except KeyboardInterrupt:
+        _stop_workers()
+        lead = "\n" if sys.stderr.isatty() else ""  # end a progress bar's line first
+        print(f"{lead}interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        _drop_stdout()
+        return 141
+    except Exception as err:  # noqa: BLE001 - re-raised unless Ctrl-C caused it
+        if not _caused_by_interrupt(err):
+            raise
+        _stop_workers()
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _caused_by_interrupt(err: BaseException) -> bool:
+    """Whether `err` was raised while handling a Ctrl-C: a library that is interrupted in
+    its own clean-up (joblib starting its pool) raises its error from the KeyboardInterrupt."""
+    seen: BaseException | None = err
+    for _ in range(16):  # a chain is short; a cycle cannot hang the exit
+        if seen is None:
+            return False
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _stop_workers() -> None:
+    """Shut joblib's reusable loky pool down, if one was started, so it frees its semaphores."""
+    loky = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(loky, "_executor", None)
+    if executor is not None:
+        # interrupted while the pool was starting: nothing runs yet, and shutdown may say so
+        with contextlib.suppress(RuntimeError):
+            executor.shutdown(wait=True, kill_workers=True)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (captured in tests): nothing to flush
+        pass

@@ -1,0 +1,264 @@
+"""`servesim capacity`: the back-of-envelope sheet, every term shown with its numbers.
+
+The numbers come from sim.config.capacity's pure `capacity_report` (a plain
+dict), so the text sheet formatted here, the JSON and the tests all read the
+same numbers. Long context ("how much bigger is
+the KV cache than the weights at 128k?"): `--context 128k` (k = 1024 tokens,
+the naming model cards use); the report gives one sequence's KV, the batch's
+and the whole KV pool's, each against the weights, and notes a context past
+the model's maximum.
+
+Fit is stated, never implied by a zero: when weights and activations leave
+no room for one sequence, the report says by how many GiB the GPU falls
+short and the smallest tensor-parallel group that holds one sequence (and
+the whole batch), and the command exits 1 so a script can tell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sim.config.capacity import capacity_report
+from sim.config.catalogue import get_hardware, get_model, model_from_fields
+from sim.config.specs import ModelSpec, check_tp
+
+DEFAULT_MODEL = "llama-3-8b"
+_GIB = 1024**3
+GPUS_PER_NODE = 8  # tensor parallelism past one node's NVLink domain is rare in practice
+EXIT_DOES_NOT_FIT = 1
+
+
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / _GIB:,.2f} GiB"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.3f} ms"
+
+
+def _gpus(tp: int | None, gpu: str, heads: int) -> str:
+    if tp is None:
+        return f"no tensor-parallel group of up to {heads} x {gpu} fits"
+    node = f", more than one {GPUS_PER_NODE}-GPU node" if tp > GPUS_PER_NODE else ""
+    return f"--gpus {tp} ({tp} x {gpu}{node})"
+
+
+def _verdict(r: dict[str, Any]) -> str:
+    """Why nothing fits, by how much, and the smallest tensor-parallel group that does."""
+    need = r["weights_bytes_per_gpu"] + r["activation_reserve_bytes"]
+    if not r["weights_fit"]:
+        why = (f"does NOT fit: {_gib(r['weights_bytes_per_gpu'])} weights + "
+               f"{_gib(r['activation_reserve_bytes'])} activations = {_gib(need)} per GPU, "
+               f"{_gib(-r['memory_left_bytes'])} more than the {_gib(r['usable_memory_bytes'])} "
+               "usable")
+    else:
+        why = (f"does NOT fit: the {_gib(r['memory_left_bytes'])} left after weights and "
+               f"activations holds {r['kv_budget_blocks']:,} blocks, fewer than the "
+               f"{r['blocks_per_seq']:,} of one {r['context_tokens']:,}-token sequence "
+               f"({_gib(r['kv_bytes_per_seq'])})")
+    one = _gpus(r["min_gpus_one_sequence"], r["gpu"], r["num_heads"])
+    text = f"{why}; smallest that holds one sequence: {one}"
+    if r["batch_size"] > 1 and r["min_gpus_one_sequence"] is not None:
+        batch = _gpus(r["min_gpus_batch"], r["gpu"], r["num_heads"])
+        text += f"; batch {r['batch_size']:,}: {batch}"
+    return text
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """The report as aligned text: label, formula with numbers plugged in, result.
+
+    When not even one sequence fits, the rows that assume a running server
+    (concurrency, decode floor, crossover, the pool) give way to the verdict.
+    """
+    ctx, batch, dtype = r["context_tokens"], r["batch_size"], r["dtype_bytes"]
+    heads = r["kv_heads_per_gpu"]
+    if r["batch_fits"]:
+        fits = "fits"
+    else:
+        fits = (f"does NOT fit; "
+                f"{_gpus(r['min_gpus_batch'], r['gpu'], r['num_heads'])} fits it"
+                if r["min_gpus_batch"] is not None else "does NOT fit on any tensor-parallel "
+                f"group of up to {r['num_heads']} GPUs")
+    if r["crossover_batch"] is None:
+        crossover = (f"never: each sequence's KV read ({_ms(r['decode_kv_read_per_seq_s'])}) "
+                     f"outlasts its compute ({_ms(r['decode_compute_per_seq_s'])}), "
+                     "so decode stays memory-bound at any batch")
+    else:
+        reach = "reachable" if r["crossover_batch"] <= r["max_concurrency"] else (
+            f"beyond the {r['max_concurrency']} sequences that fit")
+        crossover = (f"batch {r['crossover_batch']:,.1f} (compute time = HBM time; {reach}; "
+                     f"per sequence {_ms(r['decode_compute_per_seq_s'])} compute vs "
+                     f"{_ms(r['decode_kv_read_per_seq_s'])} KV read)")
+    budget = (f"{_gib(r['gpu_memory_bytes'])} x {r['memory_utilization']:g} - "
+              f"{_gib(r['weights_bytes_per_gpu'])} weights - "
+              f"{_gib(r['activation_reserve_bytes'])} activations = ")
+    if r["weights_fit"]:
+        budget += (f"{_gib(r['kv_budget_bytes'])} = {r['kv_budget_blocks']:,} blocks x "
+                   f"{r['block_size']} = {r['kv_budget_tokens']:,} tokens")
+    else:
+        budget += f"{_gib(r['memory_left_bytes'])}: no room for KV"
+    rows = [
+        ("setup", f"{r['model']} on {r['tp']} x {r['gpu']}, {dtype:g}-byte weights and KV, "
+                  f"context {ctx:,} x batch {batch:,} (all figures per GPU)"),
+        ("params", f"{r['total_params'] / 1e9:,.2f} B total, "
+                   f"{r['active_params'] / 1e9:,.2f} B active per token"),
+        ("KV per token", f"2 x {r['num_layers']} layers x {heads} kv_heads x {r['head_dim']} "
+                         f"head_dim x {dtype:g} B = {r['kv_bytes_per_token']:,.0f} B"),
+        ("KV ctx x batch", f"{r['kv_bytes_per_token']:,.0f} B x {ctx:,} tokens x {batch:,} seqs "
+                           f"= {_gib(r['kv_bytes_context_batch'])}"),
+        ("weights", f"{r['total_params'] / 1e9:,.2f} B params x {dtype:g} B / {r['tp']} GPU(s) "
+                    f"(norms replicated) = {_gib(r['weights_bytes_per_gpu'])}"),
+        ("activations", f"{r['max_num_batched_tokens']:,} batched tokens' layer buffers + "
+                        f"fp32 logits for {r['max_num_seqs']} seqs = "
+                        f"{_gib(r['activation_reserve_bytes'])}"),
+        ("KV budget", budget),
+    ]
+    if not r["fits"]:
+        rows.append(("fit", _verdict(r)))
+    else:
+        rows += [
+            ("max concurrency", f"{r['kv_budget_blocks']:,} blocks / {r['blocks_per_seq']:,} "
+                                f"blocks per {ctx:,}-token sequence = "
+                                f"{r['max_concurrency']:,} sequences (batch {batch:,} {fits})"),
+            ("decode floor", f"({_gib(r['decode_weights_read_bytes'])} weights + "
+                             f"{_gib(r['kv_bytes_context_batch'])} KV) / "
+                             f"{r['memory_bandwidth_bytes_per_s'] / 1e12:,.2f} TB/s = "
+                             f"{_ms(r['decode_step_floor_s'])} per step at batch {batch:,}"),
+            ("crossover", crossover),
+            ("  weights only", f"batch {r['crossover_batch_weights_only']:,.1f}: where the "
+                               "linear layers alone turn compute-bound (attention's KV reads "
+                               "ignored)"),
+            ("KV / weights", f"{_gib(r['kv_bytes_context_batch'])} / "
+                             f"{_gib(r['weights_bytes_per_gpu'])} = "
+                             f"{r['kv_to_weights_ratio']:,.2f}"),
+            ("  one sequence", f"{r['kv_bytes_per_token']:,.0f} B x {ctx:,} tokens = "
+                               f"{_gib(r['kv_bytes_per_seq'])} = "
+                               f"{r['kv_seq_to_weights_ratio']:,.2f} x the weights"),
+            ("  whole KV pool", f"{r['kv_budget_tokens']:,} tokens x "
+                                f"{r['kv_bytes_per_token']:,.0f} B = "
+                                f"{_gib(r['kv_budget_tokens'] * r['kv_bytes_per_token'])} = "
+                                f"{r['kv_pool_to_weights_ratio']:,.2f} x the weights "
+                                f"({r['max_concurrency']:,} sequences of {ctx:,} tokens)"),
+        ]
+    if r["context_exceeds_model"]:
+        rows.append(("note", f"context {ctx:,} exceeds {r['model']}'s maximum of "
+                             f"{r['model_max_context_tokens']:,} tokens: a server rejects "
+                             "such requests (the memory terms still hold for its shape)"))
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
+
+
+def _number(kind: Callable[[str], float], flag: str, text: str, allowed: str,
+            ok: Callable[[float], bool]) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise ValueError(f"{flag} {text!r}: must be {allowed}")
+    return value
+
+
+def _positive_int(flag: str, text: str) -> int:
+    return _number(int, flag, text, "a positive integer", lambda v: v > 0)
+
+
+def _context_tokens(text: str) -> int:
+    """A token count, or NNk for NN x 1024 (model cards' 128k is 131,072 tokens)."""
+    if text.strip().lower().endswith("k"):
+        try:
+            value = int(text.strip()[:-1]) * 1024
+        except ValueError:
+            value = 0
+        if value > 0:
+            return value
+    return _number(int, "--context", text, "a positive integer, or NNk for NN x 1024 "
+                   "(128k = 131,072)", lambda v: v > 0)
+
+
+def _parse_field(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--model-field {text!r}: must be KEY=VALUE, e.g. num_layers=40")
+    return key.strip(), value.strip()
+
+
+def _load_model(args: argparse.Namespace) -> ModelSpec:
+    fields: dict[str, Any] = {}
+    if args.model_file:
+        path = Path(args.model_file)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as err:
+            raise ValueError(f"--model-file {str(path)!r}: cannot read: {err}") from None
+        if not isinstance(loaded, dict):
+            raise ValueError(f"--model-file {str(path)!r}: must hold a mapping of model fields")
+        fields.update(loaded)
+    fields.update(_parse_field(text) for text in args.model_fields)
+    if not fields:
+        return get_model(args.model or DEFAULT_MODEL)
+    fields.setdefault("base", args.model or DEFAULT_MODEL)  # what --help promises
+    return model_from_fields(fields)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report; exit 1 when not one sequence fits, 2 (one line on stderr) on bad
+    input."""
+    try:
+        model = _load_model(args)
+        hw = get_hardware(args.gpu)
+        tp = _positive_int("--gpus", args.gpus)
+        try:
+            check_tp(model, tp)
+        except ValueError as err:
+            raise ValueError(f"--gpus {tp}: {err}") from None
+        report = capacity_report(
+            model, hw,
+            tp=tp,
+            context_tokens=_context_tokens(args.context),
+            batch_size=_positive_int("--batch", args.batch),
+            memory_utilization=_number(float, "--memory-utilization", args.memory_utilization,
+                                       "a fraction in (0, 1]", lambda v: 0 < v <= 1),
+            dtype_bytes=_number(float, "--dtype-bytes", args.dtype_bytes,
+                                "a positive number of bytes (2 = bf16, 1 = fp8)",
+                                lambda v: 0 < v < math.inf),
+            block_size=_positive_int("--block-size", args.block_size),
+        )
+    except ValueError as err:
+        print(f"servesim capacity: error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0 if report["fits"] else EXIT_DOES_NOT_FIT
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `capacity`; numbers are parsed in `run` so bad ones get a one-line error."""
+    p = subparsers.add_parser(
+        "capacity", help="KV, weights, memory budget, decode floor and concurrency for a model",
+        description="Back-of-envelope serving capacity, every term with its formula. "
+                    "Exit status 1 when not even one sequence fits; the report then says by "
+                    "how much and the smallest --gpus that fits.")
+    p.add_argument("--model", help=f"catalogue model (default {DEFAULT_MODEL}); with "
+                                    "--model-field/--model-file it is the base to override")
+    p.add_argument("--model-file", help="YAML/JSON mapping of ModelSpec fields (may set base)")
+    p.add_argument("--model-field", dest="model_fields", action="append", default=[],
+                   metavar="KEY=VALUE", help="a ModelSpec field, e.g. num_layers=40 (repeatable)")
+    p.add_argument("--gpu", default="h100-sxm", help="catalogue GPU (default h100-sxm)")
+    p.add_argument("--gpus", default="1", help="tensor-parallel GPU count (default 1)")
+    p.add_argument("--context", default="8192",
+                   help="tokens per sequence, or e.g. 128k = 131072 (default 8192)")
+    p.add_argument("--batch", default="32", help="concurrent sequences (default 32)")
+    p.add_argument("--memory-utilization", default="0.9",
+                   help="fraction of GPU memory the server may use (default 0.9)")
+    p.add_argument("--dtype-bytes", default="2", help="bytes per weight/KV value (default 2)")
+    p.add_argument("--block-size", default="16", help="KV block size in tokens (default 16)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run)

@@ -1,0 +1,81 @@
+"""`servesim run [SCENARIO]`: simulate one scenario, print vLLM's result block, write its files.
+
+The scenario is read and the output directory checked before anything runs;
+the run then goes through sim.experiments.run and sim.experiments.outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="simulate a scenario file (default: the built-in quickstart)")
+    p.add_argument("scenario", nargs="?", help="scenario YAML; omit for the built-in default")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field, e.g. --set workload.arrivals.rate=8 (repeatable)")
+    p.add_argument("--out", help="output directory (default: the scenario's output.dir, else "
+                                 "results/<name>, plus +KEY=VALUE for each --set); it is replaced "
+                                 "whole by the new run")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+    p.add_argument("--timeline", type=int, default=0, metavar="N",
+                   help="trace N requests spread over the run: timeline.csv and timeline.png")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from sim.config.loader import load_scenario
+    from sim.config.yaml_input import ScenarioError
+    from sim.experiments.outputs import write_outputs
+    from sim.experiments.run import run_scenario
+    from sim.results.output_dir import OutputDirError, Staging, variant_dir
+    from sim.results.report import format_summary
+
+    try:
+        scenario, base_dir = load_scenario(args.scenario, args.overrides)
+    except ScenarioError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.timeline < 0:
+        print(f"error: --timeline: must be >= 0 requests to trace, got {args.timeline}",
+              file=sys.stderr)
+        return 2
+    out_dir, field = out_dir_of(args.out, scenario.output.dir,
+                                variant_dir(scenario.name, args.overrides))
+    try:
+        stage = Staging(out_dir, field)  # checked before the work, swapped in after it
+    except OutputDirError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    with stage:
+        try:
+            result = run_scenario(scenario, base_dir, show_progress=not args.quiet,
+                                  timeline=args.timeline)
+        except (ValueError, FileNotFoundError) as err:  # e.g. a missing trace, no room for KV
+            print(f"error: {args.scenario or 'default scenario'}: {err}", file=sys.stderr)
+            return 2
+        write_outputs(result, stage.path, plots=scenario.output.plots and not args.no_plots)
+        stage.commit()
+    if not args.quiet:
+        model, hw = scenario.model_spec, scenario.hardware_spec
+        fleet = (f" per replica, {scenario.replicas} replicas behind a "
+                 f"{scenario.router.policy} router" if scenario.replicas > 1 else "")
+        print(f"scenario {scenario.name}: {model.name} on {hw.name} x{scenario.hardware.count}"
+              f"{fleet}, {scenario.scheduler.policy} batching, {result.num_blocks} KV blocks of "
+              f"{scenario.kv.block_size} tokens, latency model: {result.latency_name}")
+        print(format_summary(result.summary))
+        print(f"simulated in {result.wall_s:.2f} s wall; results in {out_dir}/")
+    return 0
+
+
+def out_dir_of(flag: str | None, configured: str | None, default: Path,
+               config_field: str = "output.dir") -> tuple[Path, str]:
+    """The output directory and the setting it came from, for error messages."""
+    if flag:
+        return Path(flag), "--out"
+    if configured:
+        return Path(configured), config_field
+    return default, "output directory"

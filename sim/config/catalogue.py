@@ -1,0 +1,148 @@
+"""The catalogues of known models and GPUs, and custom specs from a scenario's fields.
+
+Why a catalogue: a scenario names `llama-3-8b` or `h100-sxm` instead of typing
+their shapes and datasheet numbers, and `base: NAME` plus overrides derives a
+custom one. Values from YAML or the command line are coerced to each field's
+type here, with a message naming the field when they cannot be.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from sim.config.specs import HardwareSpec, ModelSpec, RopeScaling
+
+
+def _llama3(name: str, layers: int, hidden: int, heads: int, intermediate: int,
+            context: int, scaling: RopeScaling | None = None) -> ModelSpec:
+    return ModelSpec(name, layers, hidden, heads, 8, hidden // heads, intermediate, 128256,
+                     context, False, rope_theta=500000.0, rope_scaling=scaling,
+                     rms_norm_eps=1e-5)
+
+
+def _qwen25(name: str, layers: int, hidden: int, heads: int, kv_heads: int,
+            intermediate: int, vocab: int, tie: bool, eps: float) -> ModelSpec:
+    # Instruct config.json values (what gets served); base configs advertise 131072 positions.
+    return ModelSpec(name, layers, hidden, heads, kv_heads, hidden // heads, intermediate, vocab,
+                     32768, tie, rope_theta=1000000.0, rms_norm_eps=eps, qkv_bias=True)
+
+
+_LLAMA31_SCALING = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                               original_max_context_tokens=8192)
+
+MODELS: Mapping[str, ModelSpec] = MappingProxyType({
+    "llama-3-8b": _llama3("llama-3-8b", 32, 4096, 32, 14336, 8192),
+    "llama-3-70b": _llama3("llama-3-70b", 80, 8192, 64, 28672, 8192),
+    "llama-3.1-8b": _llama3("llama-3.1-8b", 32, 4096, 32, 14336, 131072, _LLAMA31_SCALING),
+    "llama-3.1-70b": _llama3("llama-3.1-70b", 80, 8192, 64, 28672, 131072, _LLAMA31_SCALING),
+    "llama-3.1-405b": _llama3("llama-3.1-405b", 126, 16384, 128, 53248, 131072,
+                              _LLAMA31_SCALING),
+    "qwen2.5-1.5b": _qwen25("qwen2.5-1.5b", 28, 1536, 12, 2, 8960, 151936, True, 1e-6),
+    "qwen2.5-7b": _qwen25("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, False, 1e-6),
+    "qwen2.5-72b": _qwen25("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, False, 1e-6),
+    # Mistral-7B-v0.3: v0.1's 4096-token sliding window is gone, vocab grew to 32768.
+    "mistral-7b": ModelSpec("mistral-7b", 32, 4096, 32, 8, 128, 14336, 32768, 32768, False,
+                            rope_theta=1000000.0),
+    "mixtral-8x7b": ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, 32768, False,
+                              num_experts=8, experts_per_token=2, rope_theta=1000000.0),
+    # Real shapes are far too slow for CPU engine tests; this one runs in milliseconds.
+    "tiny": ModelSpec("tiny", 2, 64, 4, 2, 16, 128, 256, 2048, False),
+    # A ~100M-parameter Llama shape: big enough that CPU engine timings mean something.
+    "llama-100m": ModelSpec("llama-100m", 12, 768, 12, 4, 64, 2048, 32000, 4096, True,
+                            rope_theta=500000.0),
+})
+
+_GIB = 1024**3
+# Datasheet numbers, dense BF16. HBM capacities are binary (80 GB parts expose ~80 GiB).
+# Vendors quote NVLink/Infinity Fabric/PCIe as both directions summed; we store one direction,
+# which is what a ring all-reduce or a host copy can use.
+HARDWARE: Mapping[str, HardwareSpec] = MappingProxyType({
+    "h100-sxm": HardwareSpec("h100-sxm", 989.4e12, 80 * _GIB, 3.35e12, 450e9, 64e9),
+    "h100-pcie": HardwareSpec("h100-pcie", 756.0e12, 80 * _GIB, 2.0e12, 300e9, 64e9),
+    "h200": HardwareSpec("h200", 989.4e12, 141 * _GIB, 4.8e12, 450e9, 64e9),
+    "a100-80gb": HardwareSpec("a100-80gb", 312e12, 80 * _GIB, 2.039e12, 300e9, 32e9),
+    # No NVLink: peers talk over PCIe Gen4 x16. GDDR6 with ECC exposes ~48e9 bytes.
+    "l40s": HardwareSpec("l40s", 362.05e12, 48e9, 864e9, 32e9, 32e9),
+    "b200": HardwareSpec("b200", 2.25e15, 180 * _GIB, 8.0e12, 900e9, 64e9),
+    # 7 Infinity Fabric links x 64 GB/s per direction.
+    "mi300x": HardwareSpec("mi300x", 1307.4e12, 192 * _GIB, 5.3e12, 448e9, 64e9),
+})
+
+
+def _lookup(kind: str, catalogue: Mapping[str, Any], name: str) -> Any:
+    key = str(name).strip().lower()
+    if key not in catalogue:
+        raise ValueError(f"unknown {kind} {name!r}; known: {', '.join(catalogue)}")
+    return catalogue[key]
+
+
+def get_model(name: str) -> ModelSpec:
+    return _lookup("model", MODELS, name)
+
+
+def get_hardware(name: str) -> HardwareSpec:
+    return _lookup("hardware", HARDWARE, name)
+
+
+_TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+
+
+def _coerce(cls_name: str, field: str, kind: str, value: Any) -> Any:
+    """Turn a YAML or command-line value into the field's type, or say why not."""
+    try:
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in _TRUE or text in _FALSE:
+                return text in _TRUE
+        elif kind == "int":
+            number = float(value) if isinstance(value, str) else value
+            if not isinstance(number, bool) and float(number).is_integer():
+                return int(number)
+        elif kind == "float":
+            if not isinstance(value, bool):
+                return float(value)
+        elif kind == "str":
+            return str(value)
+        elif value is None or isinstance(value, RopeScaling):
+            return value
+        elif isinstance(value, Mapping):
+            return RopeScaling(**value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{cls_name} field {field}={value!r}: {exc}") from None
+    raise ValueError(f"{cls_name} field {field}={value!r}: expected {kind}")
+
+
+def _from_fields(cls: type, catalogue: Mapping[str, Any], fields: Mapping[str, Any]) -> Any:
+    fields = dict(fields)
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    if "base" in fields:
+        base = _lookup(cls.__name__.removesuffix("Spec").lower(), catalogue, fields.pop("base"))
+        values = {name: getattr(base, name) for name in kinds}
+        if fields and "name" not in fields:
+            values["name"] = f"{base.name} (custom)"
+    for field, value in fields.items():
+        if field not in kinds:
+            raise ValueError(f"unknown {cls.__name__} field {field!r}; allowed: "
+                             f"{', '.join(kinds)} (and base)")
+        values[field] = _coerce(cls.__name__, field, kinds[field], value)
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in values
+               and f.default is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"{cls.__name__} is missing field(s): {', '.join(missing)}")
+    return cls(**values)
+
+
+def model_from_fields(fields: Mapping[str, Any]) -> ModelSpec:
+    """A custom model: every required field, or `base: <catalogue name>` plus overrides."""
+    return _from_fields(ModelSpec, MODELS, fields)
+
+
+def hardware_from_fields(fields: Mapping[str, Any]) -> HardwareSpec:
+    """A custom GPU: every field, or `base: <catalogue name>` plus overrides."""
+    return _from_fields(HardwareSpec, HARDWARE, fields)

@@ -1,0 +1,215 @@
+"""The scenario's sections (pydantic): hardware, scheduler, KV pool, latency, SLOs, output,
+engine, router. Each field carries the description `servesim schema` prints.
+
+Why apart from `sim.config.scenario`: these are the leaves a user edits one at a
+time; the top-level `Scenario` adds the checks that span several sections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sim.config.catalogue import get_hardware, get_model, hardware_from_fields, model_from_fields
+from sim.config.specs import HardwareSpec, ModelSpec
+
+# The paged pool keeps a few Python lists of num_blocks entries (~60 bytes a block):
+# 10 million blocks is ~600 MB of host memory, far above any GPU's pool (3 million
+# 16-token blocks already hold 48M tokens: an "unbounded" pool).
+MAX_BLOCKS = 10_000_000
+
+
+class StrictModel(BaseModel):
+    # inf passes ge/le checks but means nothing in a scenario (and breaks int() later)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def resolve_model(value: str | Mapping[str, Any]) -> ModelSpec:
+    return get_model(value) if isinstance(value, str) else model_from_fields(value)
+
+
+def resolve_hardware(value: str | Mapping[str, Any]) -> HardwareSpec:
+    return get_hardware(value) if isinstance(value, str) else hardware_from_fields(value)
+
+
+class HardwareConfig(StrictModel):
+    """The GPUs of one replica."""
+
+    gpu: str | dict[str, Any] = Field(
+        "h100-sxm", description="catalogue name (`servesim capacity --help` lists them), or a "
+        "mapping of HardwareSpec fields, e.g. {base: h100-sxm, memory_gib: 94}")
+    count: int = Field(1, ge=1, description="GPUs per replica, used for tensor parallelism")
+    memory_utilization: float = Field(
+        0.9, gt=0.0, le=1.0, description="share of GPU memory the server may use "
+        "(vLLM's gpu_memory_utilization)")
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, value: str | dict[str, Any]) -> str | dict[str, Any]:
+        resolve_hardware(value)
+        return value
+
+
+class SchedulerConfig(StrictModel):
+    """continuous reads max_num_seqs..chunked_prefill; static and dynamic read batch_size
+    and max_wait_ms; all read max_model_len and max_output_tokens."""
+
+    policy: Literal["continuous", "static", "dynamic"] = Field(
+        "continuous", description="continuous: iteration-level (Orca/vLLM); static: fixed "
+        "batches of batch_size run to their longest member; dynamic: static that also "
+        "launches after max_wait_ms")
+    max_num_seqs: int = Field(256, ge=1, description="continuous: most sequences in one step")
+    max_num_batched_tokens: int = Field(
+        8192, ge=1, description="continuous: token budget of one step (prefill chunks + "
+        "decodes)")
+    chunked_prefill: bool = Field(
+        True, description="continuous: split long prompts across steps to share them with "
+        "decodes")
+    max_model_len: int | None = Field(
+        None, ge=2, description="longest prompt + output; longer requests are rejected "
+        "(default: the model's context)")
+    batch_size: int = Field(16, ge=1, description="static/dynamic: requests per batch (B)")
+    max_wait_ms: float | None = Field(
+        None, gt=0.0, description="dynamic: launch a short batch when the oldest waited this "
+        "long (default 50); static: optional, default wait for B or the end of arrivals")
+    preemption: Literal["recompute", "swap"] = Field(
+        "recompute", description="continuous: when blocks run out the newest request drops "
+        "its KV and re-prefills later (recompute) or moves it to host memory (swap, "
+        "kv.host_swap_gib; recompute when that is full)")
+    max_output_tokens: int | None = Field(
+        None, ge=1, description="output cap; contiguous KV reserves prompt + this (default: "
+        "up to max_model_len, as servers without paging did); longer outputs are rejected")
+
+    @model_validator(mode="after")
+    def _decodes_fit_a_step(self) -> SchedulerConfig:
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
+                             f">= max_num_seqs ({self.max_num_seqs}) so every decode fits a step")
+        return self
+
+
+class KVConfig(StrictModel):
+    """The KV cache pool of one replica."""
+
+    mode: Literal["paged", "contiguous"] | None = Field(
+        None, description="default: paged for continuous, contiguous for static and dynamic")
+    block_size: int = Field(16, ge=1, description="tokens per KV block")
+    dtype_bytes: float = Field(2.0, gt=0.0, description="bytes per KV value (2 = bf16/fp16, "
+                               "1 = fp8); also the weights' bytes per parameter")
+    watermark: float = Field(0.01, ge=0.0, lt=1.0, description="share of blocks kept free "
+                             "when admitting, to avoid instant preemption")
+    num_blocks: int | None = Field(
+        None, ge=2, le=MAX_BLOCKS, description="override the pool size derived from the "
+        "memory left after weights and activations (counts the null block)")
+    prefix_caching: bool = Field(
+        False, description="paged only: reuse the KV of cached prompt prefixes (by token ids "
+        "or a trace's prefix ids)")
+    host_swap_gib: float = Field(
+        64.0, ge=0.0, description="host memory for swap preemption, GiB per replica")
+
+
+class LatencyConfig(StrictModel):
+    """roofline: from the model and GPU specs (the knobs below tune it); table: a fitted
+    calibration table directory (`servesim calibrate fit`), `path` relative to the scenario."""
+
+    model: Literal["roofline", "table"] = Field(
+        "roofline", description="roofline: step time from FLOPs and bytes, needs no "
+        "calibration; table: a fitted calibration table")
+    path: str | None = Field(None, min_length=1, description="table: the calibration table "
+                             "directory, relative to the scenario file")
+    step_overhead_ms: float | None = Field(
+        None, ge=0.0, description="roofline: fixed cost per step (default 2 ms)")
+    compute_efficiency: float | None = Field(
+        None, gt=0.0, le=1.0, description="roofline: share of peak FLOP/s reached (default 0.6)")
+    bandwidth_efficiency: float | None = Field(
+        None, gt=0.0, le=1.0, description="roofline: share of memory bandwidth reached "
+        "(default 0.8)")
+
+    def problem(self) -> str | None:
+        """A 'latency.<field>: why' message when the options do not suit `model`."""
+        if self.model == "table":
+            if self.path is None:
+                return ("latency.path: model table needs the calibration table directory "
+                        "(relative to the scenario file)")
+            knobs = [k for k in ("step_overhead_ms", "compute_efficiency",
+                                 "bandwidth_efficiency") if getattr(self, k) is not None]
+            if knobs:
+                return (f"latency.{knobs[0]}: tunes the roofline model only; a table brings "
+                        f"its own fitted coefficients (got model table)")
+        elif self.path is not None:
+            return (f"latency.path: only model table reads a table directory, got model "
+                    f"{self.model!r} with path {self.path!r}")
+        return None
+
+
+class SLOConfig(StrictModel):
+    """Service-level objectives: a request meets them only if it meets every bound given."""
+
+    ttft_ms: float | None = Field(None, gt=0.0, description="time to first token bound")
+    tpot_ms: float | None = Field(None, gt=0.0, description="time per output token bound "
+                                  "(after the first)")
+    e2el_ms: float | None = Field(None, gt=0.0, description="end-to-end latency bound")
+
+
+class OutputConfig(StrictModel):
+    """Where `servesim run` writes its files."""
+
+    dir: str | None = Field(None, description="default: results/<name> (plus the --set "
+                            "overrides, if any); `--out DIR` overrides")
+    plots: bool = Field(True, description="write PNG plots; `--no-plots` skips them")
+
+
+class SamplingConfig(StrictModel):
+    """The engine's sampler; the simulator's outputs are scripted, so it ignores this."""
+
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy")
+    top_k: int = Field(0, ge=0, description="0 = off")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="1 = off")
+
+
+class EngineConfig(StrictModel):
+    """How the deployment's engine runs: `servesim engine replay` reads every field; the
+    simulator reads `cuda_graphs` (decode steps padded to graph sizes) with `device`."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if present")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto = bfloat16 on cuda, float32 on cpu")
+    weights: str | None = Field(
+        None, description="a local Hugging Face directory (config.json + safetensors); "
+        "null = random weights of the model's real shapes")
+    seed: int | None = Field(None, ge=0, description="weights and synthetic prompts; "
+                             "null = the scenario's seed")
+    cuda_graphs: bool | None = Field(
+        None, description="replay decode-only steps from CUDA graphs, each batch padded up to "
+        "a captured size (sim.core.batching): the engine runs the padding and the simulator's "
+        "plans and latency models count it; null = on for a GPU (vLLM's default), off where "
+        "the engine runs on a CPU (engine.device cpu, or auto without CUDA)")
+    cpu_threads: int | None = Field(
+        None, ge=1, description="torch's intra-op threads on the CPU; null = torch's default. "
+        "1 keeps a small model's steps steady when other work shares the cores")
+    warmup: bool = Field(True, description="run a few steps before the first arrival")
+    sampling: SamplingConfig = Field(SamplingConfig(), description="the engine's sampler")
+
+    def uses_cuda_graphs(self, device: str | None = None) -> bool:
+        """Whether decode steps replay CUDA graphs on `device` ("cpu" or "cuda"; None = this
+        section's `device`, where "auto" is a GPU: a simulated deployment's default)."""
+        if self.cuda_graphs is not None:
+            return self.cuda_graphs
+        return (device or self.device) != "cpu"
+
+
+class RouterConfig(StrictModel):
+    """How a fleet (replicas > 1) spreads arrivals; see sim.world.router for each policy."""
+
+    policy: Literal["round_robin", "least_outstanding", "least_kv", "power_of_two",
+                    "prefix_aware"] = Field(
+        "round_robin", description="round_robin, least_outstanding (fewest requests in "
+        "flight), least_kv (most free KV), power_of_two (the less loaded of two random), "
+        "prefix_aware (where the prompt's prefix is cached, within load_limit)")
+    load_limit: float = Field(
+        1.5, ge=1.0, description="prefix_aware: only replicas with outstanding requests <= "
+        "load_limit x the fleet mean + 1 are candidates (>= 1 keeps the least-loaded one "
+        "eligible)")
+

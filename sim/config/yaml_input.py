@@ -1,0 +1,114 @@
+"""A user's YAML in, plain data or one ScenarioError out: reading files safely.
+
+Everything a person types reaches the schema through here, so a mistake of
+any shape (a file that is not YAML, a document nested 3,000 levels deep, a
+5,000-digit number, an alias that expands a billion times) is one message
+naming the input and the field, never a traceback from a parser.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# A scenario nests a handful of levels (workload.prompt_tokens.values); 32 is far
+# beyond any real file and far below the depth where a parser or repr() recurses out.
+MAX_DEPTH = 32
+# Values read, counting a YAML alias each time it is used: enough for inline
+# empirical length lists, and a stop for alias bombs that expand exponentially.
+MAX_VALUES = 1_000_000
+# No field needs more than 64 bits; larger ints only make numpy and str() fail later.
+MAX_INT = 2**63 - 1
+
+
+class ScenarioError(Exception):
+    """A user mistake in a scenario: printed as is, never as a traceback."""
+
+
+def parse_yaml(text: str, source: str, check: bool = True) -> Any:
+    """`text` as plain data; every way it can fail is one ScenarioError naming `source`.
+
+    `check` False leaves `check_plain` to the caller, who knows the field's path.
+    """
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ScenarioError(f"{source}: not valid YAML: {_yaml_problem(err)}") from None
+    except RecursionError:
+        raise ScenarioError(f"{source}: nested too deeply to read (a scenario nests a few "
+                            f"levels, at most {MAX_DEPTH})") from None
+    except ValueError as err:  # a 5,000-digit integer, a timestamp such as 2024-13-45
+        raise ScenarioError(f"{source}: not valid YAML: {_value_problem(err)}") from None
+    if check:
+        check_plain(data, source)
+    return data
+
+
+def read_yaml(path: Path, kind: str) -> Any:
+    """A YAML file's data; a missing or unreadable file is a ScenarioError."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such {kind} file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ScenarioError(f"{path}: cannot read: {getattr(err, 'strerror', None) or err}"
+                            ) from None
+    return parse_yaml(text, str(path))
+
+
+def check_plain(data: Any, source: str) -> None:
+    """Refuse data too deep, too large or self-referencing to validate and report safely.
+
+    Walks iteratively (no recursion to run out of) and names the first offending field.
+    """
+    stack: list[tuple[Any, tuple[str, ...], frozenset[int]]] = [(data, (), frozenset())]
+    seen = 0
+    while stack:
+        node, path, ancestors = stack.pop()
+        seen += 1
+        where = ".".join(path) or "(top level)"
+        if seen > MAX_VALUES:
+            raise ScenarioError(f"{source}: more than {MAX_VALUES:,} values (counting each use "
+                                "of a YAML alias); a scenario is far smaller")
+        if isinstance(node, bool) or not isinstance(node, int | dict | list | set):
+            continue
+        if isinstance(node, int):
+            if abs(node) > MAX_INT:
+                digits = len(str(node)) if node.bit_length() < 14000 else "thousands of"
+                raise ScenarioError(f"{source}: {where}: an integer of {digits} digits is out "
+                                    "of range (no field takes more than 2**63 - 1)")
+            continue
+        if len(path) >= MAX_DEPTH:
+            raise ScenarioError(f"{source}: {where}: nested more than {MAX_DEPTH} levels deep "
+                                "(a scenario nests a few)")
+        if id(node) in ancestors:
+            raise ScenarioError(f"{source}: {where}: contains itself (a YAML alias loop)")
+        inner = ancestors | {id(node)}
+        if isinstance(node, dict):  # keys are values too: a huge int key breaks str() later
+            stack.extend((key, (*path, "(key)"), inner) for key in node if isinstance(key, int))
+            items: Any = [(_key_text(key), value) for key, value in node.items()]
+        else:
+            items = enumerate(node)
+        stack.extend((value, (*path, str(key)), inner) for key, value in items)
+
+
+def _key_text(key: Any) -> str:
+    """A mapping key as a path part; an int too large to print is checked, not printed."""
+    return "(key)" if isinstance(key, int) and abs(key) > MAX_INT else str(key)
+
+
+def _value_problem(err: ValueError) -> str:
+    text = str(err)
+    if "integer string conversion" in text:
+        return "an integer has more than 4300 digits"
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's multi-line report squeezed to 'what, at line L, column C'."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}"

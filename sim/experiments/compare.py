@@ -1,0 +1,247 @@
+"""`servesim compare`: variants of one scenario on the identical request stream, over load.
+
+The spec (see `sim.experiments.compare_spec`) gives a base scenario, variants and rates.
+Every run goes through the sweep runner, so a compare parallelises on any
+backend the sweep has. Each run reports a digest of the request stream it
+served; the compare stops with an error if two variants at one rate served
+different requests. After the load sweep, each variant's highest rate that
+meets the base scenario's SLOs (attainment >= `slo_threshold`) is found by
+bisection between the swept rates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.experiments.compare_spec import (
+    Base,
+    Bracket,
+    VariantSpec,
+    auto_next,
+    bisect_max_rate,
+    bracket,
+    is_sustained,
+    knee_midpoints,
+    load_spec,
+)
+from sim.experiments.sweep import (
+    Backend,
+    Runner,
+    SweepError,
+    markdown_table,
+    open_backend,
+    write_table,
+)
+
+__all__ = ["CompareResult", "load_spec", "run_compare", "write_compare"]
+_COPIED = ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
+           "median_tpot_ms", "p99_tpot_ms", "median_e2el_ms", "p99_e2el_ms", "request_goodput",
+           "slo_attainment", "slot_utilization", "kv_waste_fraction", "kv_waste_of_held",
+           "mean_batch_size", "completed", "rejected", "total_preemptions", "prefix_hit_rate",
+           "prefill_tokens_saved", "cache_evictions")
+MD_COLUMNS = {"variant": "variant", "offered_rate": "offered req/s",
+              "request_throughput": "req/s", "output_throughput": "out tok/s",
+              "median_ttft_ms": "TTFT p50 ms", "p99_ttft_ms": "TTFT p99 ms",
+              "median_tpot_ms": "TPOT p50 ms", "p99_tpot_ms": "TPOT p99 ms",
+              "request_goodput": "goodput req/s", "slot_utilization": "slot util",
+              "kv_waste_of_held": "KV waste (held)", "kv_waste_fraction": "KV waste (pool)",
+              "prefix_hit_rate": "prefix hit rate",
+              "tokens_per_s_per_user": "tok/s/user",
+              "tokens_per_s_per_gpu": "tok/s/GPU", "sustained": "sustained"}
+SHORT = {"variant": "variant", "offered_rate": "rate", "request_throughput": "req/s",
+         "output_throughput": "tok/s", "p99_ttft_ms": "p99 TTFT ms", "p99_tpot_ms": "p99 TPOT ms",
+         "request_goodput": "goodput", "slot_utilization": "slot util",
+         "kv_waste_of_held": "KV waste", "prefix_hit_rate": "hit rate"}
+
+
+def _shown(table: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """The named columns, less those no run measured (all NaN, e.g. hit rate w/o caching)."""
+    view = table[list(columns)].rename(columns=columns)
+    return view.loc[:, ~view.isna().all()]
+
+
+def _num(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def make_row(variant: str, rate: float, result: dict[str, Any], gpus: int) -> dict[str, Any]:
+    """One compare row from a run's plain result dict."""
+    count, span_s = result["num_arrivals"], result["arrival_span_s"]
+    measured = (count - 1) / span_s if span_s > 0 else math.nan
+    done, finish_span_s = result["completed"], result["finish_span_s"]
+    row: dict[str, Any] = {"variant": variant, "offered_rate": rate,
+                           "offered_rate_measured": measured,
+                           "completion_rate": (done - 1) / finish_span_s if finish_span_s > 0
+                           else math.nan}
+    for key in _COPIED:
+        value = result.get(key)
+        row[key] = value if isinstance(value, int) else _num(value)
+    mean_tpot = _num(result.get("mean_tpot_ms"))
+    row["tokens_per_s_per_user"] = 1000.0 / mean_tpot if mean_tpot > 0 else math.nan
+    row["gpus"] = gpus
+    row["tokens_per_s_per_gpu"] = row["output_throughput"] / gpus
+    row["sustained"] = is_sustained(row)
+    row["request_stream"] = result["request_stream"]
+    row["wall_s"] = result["wall_s"]
+    return row
+
+
+class _Session:
+    """Runs (variant, rate) pairs once each, checking every rate's request stream."""
+
+    def __init__(self, base: Base, runner: Runner, bar: Any) -> None:
+        self.base, self.runner, self.bar = base, runner, bar
+        self.rows: dict[tuple[str, float], dict[str, Any]] = {}
+
+    def run(self, pairs: list[tuple[VariantSpec, float]]) -> list[dict[str, Any]]:
+        todo = list(dict.fromkeys((v.name, r) for v, r in pairs if (v.name, r) not in self.rows))
+        variants = {v.name: v for v, _ in pairs}
+        if todo:
+            self.bar.total = (self.bar.total or 0) + len(todo)
+            self.bar.refresh()
+            tasks = [self.base.task(variants[name], rate) for name, rate in todo]
+            results = self.runner.run(tasks, self.bar)
+            for (name, rate), task, result in zip(todo, tasks, results, strict=True):
+                if "error" in result:
+                    raise SweepError(f"variant {name!r} at {rate:g} req/s: {result['error']}")
+                # a variant may change the TP degree; a fleet has replicas x TP GPUs
+                gpus = task.scenario.hardware.count * task.scenario.replicas
+                self.rows[(name, rate)] = make_row(name, rate, result, gpus)
+            self._check_streams()
+        return [self.rows[(v.name, r)] for v, r in pairs]
+
+    def _check_streams(self) -> None:
+        seen: dict[float, tuple[str, str]] = {}
+        for (name, rate), row in self.rows.items():
+            first = seen.setdefault(rate, (name, row["request_stream"]))
+            if first[1] != row["request_stream"]:
+                raise RuntimeError(f"at {rate:g} req/s variants {first[0]!r} and {name!r} "
+                                   "served different request streams")
+
+
+@dataclass(frozen=True, slots=True)
+class CompareResult:
+    table: pd.DataFrame  # one row per variant x swept rate
+    slo: pd.DataFrame | None  # one row per variant; None without SLOs in the base
+    waste_rate: float
+    probes: pd.DataFrame  # every run, bisection probes included
+
+
+def _load_sweep(session: _Session) -> list[float]:
+    spec = session.base.spec
+    variants = spec.variants
+    if isinstance(spec.rates, list):
+        rates = sorted(set(spec.rates))
+        session.run([(v, r) for r in rates for v in variants])
+        return rates
+    history: dict[str, list[dict[str, Any]]] = {v.name: [] for v in variants}
+    rate, rates = spec.auto.start, []
+    while True:
+        rates.append(rate)
+        for v, row in zip(variants, session.run([(v, rate) for v in variants]), strict=True):
+            history[v.name].append(row)
+        if not auto_next(history, spec.auto):
+            break
+        rate *= 2
+    mids = knee_midpoints(history)
+    session.run([(v, r) for r in mids for v in variants])
+    return sorted({*rates, *mids})
+
+
+def _slo_search(session: _Session, rates: list[float]) -> pd.DataFrame | None:
+    base = session.base
+    spec = base.spec
+    slo = base.scenario(VariantSpec(name="base"), rates[0]).slo
+    if slo is None or all(b is None for b in (slo.ttft_ms, slo.tpot_ms, slo.e2el_ms)):
+        return None
+    variants = {v.name: v for v in spec.variants}
+
+    def met(row: dict[str, Any]) -> bool:
+        return _num(row["slo_attainment"]) >= spec.slo_threshold
+
+    def evaluate(probes: dict[str, float]) -> dict[str, bool]:
+        rows = session.run([(variants[n], r) for n, r in probes.items()])
+        return {n: met(row) for n, row in zip(probes, rows, strict=True)}
+
+    start = {n: bracket([(r, met(session.rows[(n, r)])) for r in rates]) for n in variants}
+    found = bisect_max_rate(start, spec.bisect_steps, evaluate)
+    return pd.DataFrame([_slo_row(session, n, b) for n, b in found.items()])
+
+
+def _slo_row(session: _Session, name: str, b: Bracket) -> dict[str, Any]:
+    row = session.rows.get((name, b.lo)) if b.lo is not None else None
+    if row is None:
+        row = {"slo_attainment": math.nan, "request_goodput": math.nan, "gpus": 1,
+               "tokens_per_s_per_gpu": math.nan}
+    return {"variant": name, "max_slo_rate": _num(b.lo), "first_failing_rate": _num(b.hi),
+            "slo_attainment": row["slo_attainment"], "request_goodput": row["request_goodput"],
+            "goodput_per_gpu": row["request_goodput"] / row["gpus"],
+            "tokens_per_s_per_gpu": row["tokens_per_s_per_gpu"]}
+
+
+def _waste_rate(table: pd.DataFrame, asked: float | None) -> float:
+    """The swept rate nearest the asked one, else the highest every variant sustains,
+    else the lowest."""
+    if asked is not None:
+        rates = table["offered_rate"].to_numpy()
+        return float(rates[abs(rates - asked).argmin()])
+    all_ok = table.groupby("offered_rate")["sustained"].all()
+    ok = all_ok[all_ok].index
+    return float(ok.max() if len(ok) else table["offered_rate"].min())
+
+
+def run_compare(base: Base, backend: Backend | None = None, progress: bool = True
+                ) -> CompareResult:
+    from tqdm import tqdm
+
+    backend = backend or Backend()
+    with open_backend(backend) as runner, tqdm(total=0, unit="run", desc="compare",
+                                                disable=not progress) as bar:
+        session = _Session(base, runner, bar)
+        rates = _load_sweep(session)
+        slo = _slo_search(session, rates)
+    order = {v.name: i for i, v in enumerate(base.spec.variants)}
+    swept = [row for (name, rate), row in sorted(session.rows.items(),
+                                                  key=lambda kv: (order[kv[0][0]], kv[0][1]))
+             if rate in rates]
+    table = pd.DataFrame(swept)
+    probes = pd.DataFrame(list(session.rows.values()))
+    waste_rate = _waste_rate(table, base.spec.waste_rate)
+    return CompareResult(table, slo, waste_rate, probes)
+
+
+def write_compare(result: CompareResult, out_dir: Path, plots: bool = True) -> list[Path]:
+    """compare.csv/.md (+ compare_slo.csv, probes.csv) and the PNG plots."""
+    written = write_table(result.table, out_dir, "compare")
+    md = ["# Load sweep\n", markdown_table(_shown(result.table, MD_COLUMNS)),
+          "\nAll columns: compare.csv.\n"]
+    if result.slo is not None:
+        slo_csv = out_dir / "compare_slo.csv"
+        result.slo.to_csv(slo_csv, index=False)
+        written.append(slo_csv)
+        md += ["\n# Highest rate meeting the SLOs\n", markdown_table(result.slo)]
+    md.append(f"\nWaste bars at {result.waste_rate:g} req/s offered.\n")
+    (out_dir / "compare.md").write_text("\n".join(md))
+    probes_csv = out_dir / "probes.csv"
+    result.probes.to_csv(probes_csv, index=False)
+    written.append(probes_csv)
+    if plots:
+        from sim.plots.compare import write_plots
+
+        written += write_plots(result.table, result.waste_rate, out_dir)
+    return written
+
+
+def format_compare(result: CompareResult) -> str:
+    """Short terminal tables: the load sweep and the SLO search."""
+    short = _shown(result.table, SHORT)
+    text = short.to_string(index=False, float_format=lambda x: f"{x:.3g}")
+    if result.slo is not None:
+        text += "\n\nHighest rate meeting the SLOs (goodput per GPU):\n"
+        text += result.slo.to_string(index=False, float_format=lambda x: f"{x:.3g}")
+    return text

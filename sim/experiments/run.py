@@ -1,0 +1,94 @@
+"""Simulate one scenario: its replicas built by sim.assemble, observed, run in the SimPy world,
+summarised once (sim.results.summary).
+
+Every replica diagnoses its requests' TTFT (sim.observe.diagnose); a run can
+also trace a few requests' timelines. The result is a `RunResult`, the same
+value the engine's replay returns.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from sim.assemble import build_latency, build_replica, kv_budget
+from sim.config.scenario import Scenario
+from sim.latency.draft import with_draft
+from sim.observe.diagnose import ReplicaObserver
+from sim.observe.trace import choose_requests
+from sim.results.metrics import RunRecorder
+from sim.results.run import RunResult
+from sim.results.summary import run_summary
+from sim.workload import make_requests
+from sim.world.fleet import simulate_fleet
+from sim.world.replica import ReplicaSetup
+from sim.world.router import build_router, router_rng
+from sim.world.speculation import build_speculation
+
+
+def run_scenario(scenario: Scenario, base_dir: Path | None = None,
+                 show_progress: bool = True, timeline: int = 0) -> RunResult:
+    """Simulate `scenario.replicas` identical replicas behind its router.
+
+    Each replica gets its own block manager, scheduler and latency model from
+    sim.assemble; one replica's recorder is the fleet's, so a single
+    replica records exactly as before. Every replica diagnoses its requests' TTFT
+    (sim.observe.diagnose); `timeline` > 0 also traces that many requests, spread over the run.
+    """
+    budget = kv_budget(scenario)
+    recorder = RunRecorder()
+    setups = []
+    for _ in range(scenario.replicas):
+        parts = build_replica(scenario, budget)
+        latency_model = with_draft(scenario, build_latency(scenario, base_dir))
+        setups.append(ReplicaSetup(parts.scheduler, latency_model,
+                                   recorder if scenario.replicas == 1 else RunRecorder(),
+                                   parts.kv, build_speculation(scenario)))
+    traced = choose_requests(array("q", (r.request_id for r in make_requests(
+        scenario.workload, scenario.seed, base_dir))), timeline) if timeline else frozenset()
+    setups = observe(setups, traced)
+    latency = setups[0].latency
+    router = build_router(scenario.router.policy, scenario.router.load_limit)
+    requests = make_requests(scenario.workload, scenario.seed, base_dir)
+    total = scenario.workload.num_requests
+    started = time.perf_counter()
+    # tqdm's delay keeps short runs silent: the bar appears only after 2 s
+    with tqdm(total=total, unit="req", delay=2.0, disable=not show_progress,
+              desc="simulating") as bar:
+        simulate_fleet(requests, setups, router, router_rng(scenario.seed), recorder,
+                       on_done=bar.update)
+    wall_s = time.perf_counter() - started
+    timeline_frame = collect(setups, recorder)
+    summary = run_summary(scenario, budget, recorder, setups, latency.name, wall_s,
+                          [s.recorder for s in setups])
+    num_blocks = setups[0].kv.num_usable_blocks
+    return RunResult(scenario, summary, recorder, budget, num_blocks, latency.name,
+                     wall_s, tuple(s.recorder for s in setups), timeline_frame)
+
+
+def observe(setups: Sequence[ReplicaSetup], traced: frozenset[int] = frozenset()
+            ) -> list[ReplicaSetup]:
+    """`setups`, each with its own ReplicaObserver (clocks are per replica)."""
+    return [replace(s, observer=ReplicaObserver(s.scheduler, s.latency.step_time, traced))
+            for s in setups]
+
+
+def collect(setups: Sequence[ReplicaSetup], fleet: RunRecorder) -> pd.DataFrame | None:
+    """Join each replica's TTFT parts into its recorder and the fleet's; return the traced
+    requests' timelines (None when nothing was traced)."""
+    observers, frames = [], []
+    for s in setups:
+        if isinstance(s.observer, ReplicaObserver):
+            observers.append(s.observer)
+            frames.append(s.observer.diagnoser.frame())
+            s.recorder.add_columns(frames[-1])
+    if frames:
+        fleet.add_columns(pd.concat(frames, ignore_index=True))
+    traces = [o.tracer.frame() for o in observers if o.tracer is not None]
+    return pd.concat(traces, ignore_index=True) if traces else None

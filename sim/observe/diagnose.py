@@ -1,0 +1,198 @@
+"""TTFT diagnosis: each request's time to first token split into its causes.
+
+TTFT = first token - arrival is split into parts that sum to it exactly:
+- before the first admission, the wait is split by the replica's `WaitClock`:
+  `kv_wait` (admission stopped for lack of KV blocks, or the step preempted;
+  request-level batching: a batch launched short on a full pool), `batch_fill` (the server sat
+  idle: request-level batching waiting for a batch to fill), and `queue` (the
+  rest: the server was busy and the token budget, the batch seats or FCFS
+  order, or for static and dynamic batching the running batch, held it back;
+  it includes the remainder of the step running when it arrived);
+- from admission to first token: `prefill`, its own share of the steps that
+  computed its prompt; `preempt`, the wait from each preemption to re-admission
+  plus its share of steps spent recomputing KV it had lost; `shared`, the rest:
+  other sequences' shares of its prefill steps, padding, and steps it sat in
+  the running set without tokens (chunked interleaving).
+A shared step's duration is split in proportion to the tokens each sequence
+computes in it (a chunk counts its tokens, a decode one per position); padded
+tokens and slots belong to no one and fall to `shared`. Why tokens: the linear
+layers, which dominate prefill steps, scale with them, and the rule needs
+nothing from the latency model, so it holds for calibrated tables too.
+
+`prefix_saved` estimates the time the cached prefix tokens did not cost: the
+latency model's time for the whole prompt alone minus the uncached part after
+the cached context. It is reported apart and is not part of the sum.
+
+Columns (ms) in requests.csv: ttft_queue_ms, ttft_batch_fill_ms, ttft_kv_wait_ms,
+ttft_prefill_ms, ttft_shared_ms, ttft_preempt_ms, prefix_saved_ms; sim.observe.explain
+reads them back and puts them in plain words. Python work per step
+is O(prefilling sequences) plus two C-level passes over the plan's columns; nothing is
+kept per step, and state lives only for requests between arrival and first token.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import compress
+
+import numpy as np
+import pandas as pd
+
+from sim.core.plan import StepPlan, StepShape
+from sim.core.request import Request
+from sim.core.schedulers.base import Scheduler
+from sim.observe.trace import RequestTracer, WaitClock
+
+# the parts, in the order they are printed; they sum to ttft_ms
+TTFT_PARTS = ("ttft_queue_ms", "ttft_batch_fill_ms", "ttft_kv_wait_ms", "ttft_prefill_ms",
+              "ttft_shared_ms", "ttft_preempt_ms")
+# context for the words: requests waiting ahead and running at its arrival, its prefill
+# steps and the other sequences sharing them on average
+_FLOAT_COLUMNS = (*TTFT_PARTS, "prefix_saved_ms", "mean_others_in_prefill")
+_INT_COLUMNS = ("queue_ahead", "running_at_arrival", "prefill_steps")
+
+
+@dataclass(slots=True, eq=False)
+class _Pending:
+    """One request between arrival and first token (seconds; -1.0 = not yet)."""
+
+    arrival_s: float
+    idle0_s: float
+    kv0_s: float
+    ahead: int
+    running: int
+    prompt: int
+    admit_s: float = -1.0
+    idle_wait_s: float = 0.0
+    kv_wait_s: float = 0.0
+    own_s: float = 0.0
+    recompute_s: float = 0.0
+    preempt_s: float = 0.0
+    preempted_at_s: float = -1.0
+    computed_max: int = 0
+    recompute_to: int = 0
+    steps: int = 0
+    others: int = 0
+    saved_s: float = 0.0
+
+
+class TTFTDiagnoser:
+    """Accumulates the TTFT parts of every request of one replica (see the module docstring)."""
+
+    __slots__ = ("clock", "scheduler", "step_time", "_pending", "_cols")
+
+    def __init__(self, clock: WaitClock, scheduler: Scheduler,
+                 step_time: Callable[[StepShape], float]) -> None:
+        self.clock = clock
+        self.scheduler = scheduler
+        self.step_time = step_time
+        self._pending: dict[int, _Pending] = {}
+        self._cols: dict[str, array] = {"request_id": array("q")}
+        self._cols.update({name: array("d") for name in _FLOAT_COLUMNS})
+        self._cols.update({name: array("q") for name in _INT_COLUMNS})
+
+    def on_arrival(self, request: Request, now_s: float) -> None:
+        idle_s, kv_s = self.clock.at(now_s)
+        sched = self.scheduler
+        self._pending[request.request_id] = _Pending(
+            now_s, idle_s, kv_s, sched.num_waiting - 1, sched.num_running,
+            request.prompt_tokens)
+
+    def on_step(self, start_s: float, duration_s: float, plan: StepPlan) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        for rid in plan.preempted_ids:
+            p = pending.get(rid)
+            if p is not None and p.admit_s >= 0.0:
+                p.preempted_at_s = start_s
+        shape = plan.shape
+        if not shape.prefill_chunk_tokens:
+            return  # only decodes: nobody before its first token computes anything
+        news = plan.num_new_tokens
+        real = sum(news)
+        pad = max(0, shape.num_tokens - real) + max(0, shape.padded_batch - len(news))
+        per_token_s = duration_s / (real + pad)
+        others = len(news) - 1
+        contexts, emits = plan.context_tokens, plan.emits_token
+        for i in compress(range(len(news)), plan.is_prefill):
+            p = pending.get(plan.request_ids[i])
+            if p is None:
+                continue  # past its first token (a re-prefill after preemption)
+            new, context = news[i], contexts[i]
+            if p.admit_s < 0.0:
+                self._admitted(p, start_s, context)
+            elif p.preempted_at_s >= 0.0:
+                p.preempt_s += start_s - p.preempted_at_s
+                p.preempted_at_s = -1.0
+                p.recompute_to = p.computed_max
+            redo = min(new, max(0, p.recompute_to - context))
+            p.own_s += (new - redo) * per_token_s
+            p.recompute_s += redo * per_token_s
+            if context + new > p.computed_max:
+                p.computed_max = context + new
+            p.steps += 1
+            p.others += others
+            if emits[i]:
+                self._finish(plan.request_ids[i], p, start_s + duration_s)
+
+    def _admitted(self, p: _Pending, start_s: float, context: int) -> None:
+        idle_s, kv_s = self.clock.at(start_s)
+        p.admit_s = start_s
+        p.idle_wait_s = idle_s - p.idle0_s
+        p.kv_wait_s = kv_s - p.kv0_s
+        p.computed_max = context  # served by the prefix cache
+        if context:
+            whole = self.step_time(StepShape(prefill_chunk_tokens=(p.prompt,),
+                                             prefill_context_tokens=(0,), padded_batch=1))
+            rest = self.step_time(StepShape(prefill_chunk_tokens=(p.prompt - context,),
+                                            prefill_context_tokens=(context,), padded_batch=1))
+            p.saved_s = max(0.0, whole - rest)
+
+    def _finish(self, rid: int, p: _Pending, first_token_s: float) -> None:
+        wait_s = p.admit_s - p.arrival_s
+        running_s = first_token_s - p.admit_s
+        c = self._cols
+        c["request_id"].append(rid)
+        c["ttft_queue_ms"].append((wait_s - p.idle_wait_s - p.kv_wait_s) * 1e3)
+        c["ttft_batch_fill_ms"].append(p.idle_wait_s * 1e3)
+        c["ttft_kv_wait_ms"].append(p.kv_wait_s * 1e3)
+        c["ttft_prefill_ms"].append(p.own_s * 1e3)
+        c["ttft_shared_ms"].append((running_s - p.own_s - p.recompute_s - p.preempt_s) * 1e3)
+        c["ttft_preempt_ms"].append((p.preempt_s + p.recompute_s) * 1e3)
+        c["prefix_saved_ms"].append(p.saved_s * 1e3)
+        c["queue_ahead"].append(p.ahead)
+        c["running_at_arrival"].append(p.running)
+        c["prefill_steps"].append(p.steps)
+        c["mean_others_in_prefill"].append(p.others / p.steps)
+        del self._pending[rid]
+
+    def frame(self) -> pd.DataFrame:
+        """One row per request that reached its first token, keyed by request_id."""
+        return pd.DataFrame({k: np.array(v, dtype=np.float64 if v.typecode == "d" else np.int64)
+                             for k, v in self._cols.items()})
+
+
+class ReplicaObserver:
+    """One replica's observer: its wait clock, TTFT diagnosis and (optionally) a tracer."""
+
+    __slots__ = ("clock", "diagnoser", "tracer")
+
+    def __init__(self, scheduler: Scheduler, step_time: Callable[[StepShape], float],
+                 traced: frozenset[int] = frozenset()) -> None:
+        self.clock = WaitClock(scheduler)
+        self.diagnoser = TTFTDiagnoser(self.clock, scheduler, step_time)
+        self.tracer = RequestTracer(self.clock, traced) if traced else None
+
+    def on_arrival(self, request: Request, now_s: float) -> None:
+        self.diagnoser.on_arrival(request, now_s)
+        if self.tracer is not None:
+            self.tracer.on_arrival(request, now_s)
+
+    def on_step(self, start_s: float, duration_s: float, plan: StepPlan) -> None:
+        self.clock.on_step(start_s, duration_s, plan)
+        self.diagnoser.on_step(start_s, duration_s, plan)
+        if self.tracer is not None:
+            self.tracer.on_step(start_s, duration_s, plan)

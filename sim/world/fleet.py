@@ -1,0 +1,94 @@
+"""The SimPy world's fleet: an arrival process feeding replicas through a router.
+
+Each arrival asks the router for a replica at its arrival instant, so the
+router sees every replica's queue and KV as they are then (arrivals at the
+same instant see the ones routed before them). After the last arrival every
+scheduler is closed (no more requests will come) and idle replicas are woken,
+so static batching launches its short last batch. One replica never calls the
+router and records once, so its hot loop is the single-replica loop it always was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+import simpy
+
+from sim.core.request import Request
+from sim.core.schedulers.base import Scheduler
+from sim.latency import LatencyModel
+from sim.observe.trace import StepObserver
+from sim.results.metrics import RunRecorder
+from sim.world.replica import Replica, ReplicaSetup
+from sim.world.router import Router
+
+
+class _Arrival(simpy.Event):
+    """A timeout that fires before any step ending at the same instant.
+
+    The step contract says a request that has arrived by the time a step ends
+    is visible to the next schedule(); SimPy would otherwise order same-time
+    events by creation, so the outcome would depend on who set a timer first.
+    """
+
+    def __init__(self, env: simpy.Environment, delay_s: float) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, simpy.core.URGENT, delay_s)
+
+
+def _arrivals(env: simpy.Environment, requests: Iterable[Request],
+              route: Callable[[Request], Replica], replicas: Iterable[Replica]):  # noqa: ANN202
+    for request in requests:
+        delay_s = request.arrival_s - env.now
+        if delay_s > 0:
+            yield _Arrival(env, delay_s)
+        route(request).submit(request)
+    for replica in replicas:
+        replica.close()
+
+
+def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup],
+                   router: Router | None, rng: np.random.Generator | None,
+                   fleet_recorder: RunRecorder,
+                   on_done: Callable[[int], None] | None = None) -> float:
+    """Run replicas behind `router` to completion; returns the simulated end time in seconds.
+
+    Every request and step goes to its replica's recorder and to `fleet_recorder`
+    (once, when a replica's recorder is the fleet's). One replica skips the router.
+    """
+    if not setups:
+        raise ValueError("a fleet needs at least one replica")
+    env = simpy.Environment()
+    replicas = [Replica(env, s.scheduler, s.latency, s.recorder, on_done, s.kv,
+                        None if s.recorder is fleet_recorder else fleet_recorder, s.speculate,
+                        s.observer)
+                for s in setups]
+    for replica in replicas:
+        env.process(replica.run())
+    if len(replicas) == 1:
+        only = replicas[0]
+
+        def route(_request: Request) -> Replica:
+            return only
+    else:
+        if router is None or rng is None:
+            raise ValueError("several replicas need a router and an rng")
+        choose = router.choose
+
+        def route(request: Request) -> Replica:
+            return replicas[choose(request, replicas, rng)]
+    env.process(_arrivals(env, requests, route, replicas))
+    env.run()
+    return float(env.now)
+
+
+def simulate(requests: Iterable[Request], scheduler: Scheduler, latency: LatencyModel,
+             recorder: RunRecorder, on_done: Callable[[int], None] | None = None,
+             observer: StepObserver | None = None) -> float:
+    """Run one replica to completion; returns the simulated end time in seconds."""
+    setup = ReplicaSetup(scheduler, latency, recorder, observer=observer)
+    # one replica never consults the router, so neither a router nor an rng is needed
+    return simulate_fleet(requests, [setup], None, None, recorder, on_done)
