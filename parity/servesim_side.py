@@ -3,8 +3,6 @@
 `path` picks the scheduler's implementation, since both must make vLLM's
 decisions: "auto" (the default hysteresis), "each" (the per-request path
 only) or "batch" (the array path from the first running request on).
-`kv_cls` and `sched_cls` let parity.vllm_rules swap in prototypes of the
-changes that sim/core needs, without touching it.
 """
 
 from __future__ import annotations
@@ -20,14 +18,12 @@ PATHS = {"auto": 24, "each": 1 << 30, "batch": 1}  # -> ContinuousScheduler(vect
 
 
 class ServesimSide:
-    def __init__(self, config: ParityConfig, path: str = "auto",
-                 kv_cls: type[PagedBlockManager] = PagedBlockManager,
-                 sched_cls: type[ContinuousScheduler] = ContinuousScheduler) -> None:
+    def __init__(self, config: ParityConfig, path: str = "auto") -> None:
         if path not in PATHS:
             raise ValueError(f"path must be one of {sorted(PATHS)}, got {path!r}")
-        self.kv = kv_cls(config.num_blocks, config.block_size, watermark=config.watermark,
+        self.kv = PagedBlockManager(config.num_blocks, config.block_size, watermark=config.watermark,
                          enable_prefix_cache=config.prefix_caching)
-        self.sched = sched_cls(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
+        self.sched = ContinuousScheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                config.chunked_prefill, max_model_len=config.max_model_len,
                                vectorize_at=PATHS[path])
         self.requests: dict[int, Request] = {}

@@ -111,10 +111,13 @@ def build_scheduler(scenario: Scenario, kv: KVManager) -> Scheduler:
         batch_size=cfg.batch_size,
         max_wait_s=None if cfg.max_wait_ms is None else cfg.max_wait_ms / 1e3,
         preemption=cfg.preemption,
+        scheduler_reserve_full_isl=cfg.scheduler_reserve_full_isl,
     )
     scheduler = build_policy(cfg.policy, kv, settings)
     if scenario.speculative.num_tokens:  # validated: continuous batching only
         scheduler.speculative_tokens = scenario.speculative.num_tokens  # type: ignore[attr-defined]
+        scheduler.speculative_method = (  # type: ignore[attr-defined]
+            "ngram" if scenario.speculative.draft_spec is None else "draft_model")
     return scheduler
 
 

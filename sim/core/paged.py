@@ -1,11 +1,11 @@
-"""PagedBlockManager: refcounted blocks, an LRU free queue, a prefix cache, a host swap pool.
+"""PagedBlockManager: refcounted blocks, vLLM's free queue, a prefix cache, a host swap pool.
 
 See sim/core/kv.py's docstring for the design; this file is the mechanics.
 """
 
 from __future__ import annotations
 
-from sim.core.prefix import block_hashes
+from sim.core.prefix import ROOT_HASH, block_hashes, own_name
 from sim.core.request import Request
 
 NULL_BLOCK = 0
@@ -14,10 +14,12 @@ NULL_BLOCK = 0
 class PagedBlockManager:
     """Hands out KV blocks to requests; `num_blocks` counts the null block too.
 
+    `watermark`: vLLM's `SchedulerConfig.watermark`, the share of the pool
+    (null block included) an admission must leave free while others run.
     `host_swap_blocks`: blocks the host pool holds for swap preemption (0 = none).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.01,
+    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0,
                  enable_prefix_cache: bool = False, host_swap_blocks: int = 0) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (one is the null block), got {num_blocks}")
@@ -29,24 +31,29 @@ class PagedBlockManager:
             raise ValueError(f"host_swap_blocks must be >= 0, got {host_swap_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.watermark_blocks = int(watermark * (num_blocks - 1))
+        self.watermark_blocks = int(watermark * num_blocks)
         self.enable_prefix_cache = enable_prefix_cache
         self.host_swap_blocks = host_swap_blocks
-        # the free queue is _free[_head:] minus stale entries, oldest freed first; the
-        # consumed prefix is dropped once it outweighs the live part
+        # the free queue, front to back: _front reversed (freed blocks without a name,
+        # last freed first), then _free[_head:] minus stale entries (named blocks in the
+        # order freed, after the never-used ones); the FIFO's consumed prefix is dropped
+        # once it outweighs the live part
+        self._front: list[int] = []
         self._free: list[int] = list(range(1, num_blocks))
         self._head = 0
-        self._stale = [0] * num_blocks  # per block: queue entries a prefix hit invalidated
+        self._stale = [0] * num_blocks  # per block: FIFO entries a prefix hit invalidated
         self._num_stale = 0
         self._refcounts = [0] * num_blocks
         self._tables: dict[int, tuple[int, ...]] = {}
-        # prefix cache: name -> block, block -> name; per held request its chain of
-        # names and how many leading table blocks are named already
+        # prefix cache: name -> the block hits get (the first named), later blocks with
+        # the same name in naming order, block -> name; per held request the names of
+        # its blocks so far and how many leading table blocks carry theirs
         self._cached: dict[int, int] = {}
+        self._copies: dict[int, list[int]] = {}
         self._block_hash: list[int | None] = [None] * num_blocks
-        self._chains: dict[int, tuple[int, ...]] = {}
+        self._chains: dict[int, list[int]] = {}
         self._named: dict[int, int] = {}
-        self._memo: tuple[Request, tuple[int, ...]] | None = None  # last request's chain
+        self._memo: tuple[Request, tuple[int, ...]] | None = None  # last request's prompt names
         self._host: dict[int, int] = {}  # request -> blocks parked in the host pool
         self._host_used = 0
         self.num_evictions = 0
@@ -61,16 +68,16 @@ class PagedBlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free) - self._head - self._num_stale
+        return len(self._front) + len(self._free) - self._head - self._num_stale
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_usable_blocks - len(self._free) + self._head + self._num_stale
+        return self.num_usable_blocks - self.num_free_blocks
 
     @property
     def num_cached_blocks(self) -> int:
-        """Blocks holding a named prefix, in use or free."""
-        return len(self._cached)
+        """Blocks holding a name, in use or free."""
+        return len(self._cached) + sum(len(c) for c in self._copies.values())
 
     @property
     def num_host_blocks_used(self) -> int:
@@ -97,7 +104,7 @@ class PagedBlockManager:
         return self._block_hash[block]
 
     # -- prefix cache --------------------------------------------------------
-    def _chain(self, request: Request) -> tuple[int, ...]:
+    def _prompt_names(self, request: Request) -> tuple[int, ...]:
         memo = self._memo
         if memo is not None and memo[0] is request:
             return memo[1]
@@ -106,73 +113,90 @@ class PagedBlockManager:
         return chain
 
     def _match(self, request: Request) -> list[int]:
-        """Cached blocks of the request's longest cached prefix, at most prompt - 1 tokens."""
-        chain, cached = self._chain(request), self._cached
-        limit = min(len(chain), (request.prompt_tokens - 1) // self.block_size)
-        blocks = []
+        """Cached blocks of the longest cached prefix of prompt + output, up to known - 1 tokens.
+
+        Past the described prompt, names are the request's own (a resumed request
+        finds its own blocks); they are made only as far as the hits go.
+        """
+        chain, cached = self._prompt_names(request), self._cached
+        limit = (request.num_known_tokens - 1) // self.block_size
+        blocks: list[int] = []
+        parent = ROOT_HASH
         for i in range(limit):
-            block = cached.get(chain[i])
+            name = chain[i] if i < len(chain) else own_name(parent, request.request_id)
+            block = cached.get(name)
             if block is None:
                 break
             blocks.append(block)
+            parent = name
         return blocks
 
     def cached_prefix_tokens(self, request: Request) -> int:
-        """Prompt tokens `request` would find cached now (whole blocks); changes nothing."""
+        """Tokens `request` would find cached now (whole blocks); changes nothing."""
         if not self.enable_prefix_cache:
             return 0
         return len(self._match(request)) * self.block_size
 
-    def cache_computed(self, request_id: int, num_computed_tokens: int) -> None:
-        """Name the request's prompt blocks that the tokens computed so far have filled.
+    def cache_computed(self, request_id: int, num_tokens: int) -> None:
+        """Name the request's blocks that its first `num_tokens` tokens fill.
 
-        A name already cached (another request computed the same prefix at the same
-        time) leaves this block unnamed: the first copy serves later hits.
+        vLLM names a block when it is allocated for the step that fills it, so a
+        request admitted later in the same step already hits it. A name another
+        block carries already (two requests computed the same content at once) is
+        given to this block too: hits take the first, the others serve once it goes.
         """
-        chain = self._chains.get(request_id)
-        if chain is None:
+        names = self._chains.get(request_id)
+        if names is None:
             return
-        full = min(num_computed_tokens // self.block_size, len(chain))
+        full = num_tokens // self.block_size
         start = self._named[request_id]
         if full <= start:
             return
-        table, cached, names = self._tables[request_id], self._cached, self._block_hash
+        while len(names) < full:
+            names.append(own_name(names[-1] if names else ROOT_HASH, request_id))
+        table, cached, hashes = self._tables[request_id], self._cached, self._block_hash
         for i in range(start, full):
-            name = chain[i]
-            if name not in cached:
-                cached[name] = table[i]
-                names[table[i]] = name
+            name, block = names[i], table[i]
+            hashes[block] = name
+            if name in cached:
+                self._copies.setdefault(name, []).append(block)
+            else:
+                cached[name] = block
         self._named[request_id] = full
+
+    def _hold_names(self, request_id: int, request: Request | None, num_named: int) -> None:
+        if request is not None and self.enable_prefix_cache:
+            self._chains[request_id] = list(self._prompt_names(request))
+            self._named[request_id] = num_named
 
     # -- operations ----------------------------------------------------------
     def allocate(self, request_id: int, num_tokens: int, use_watermark: bool = True,
-                 reserve_tokens: int | None = None, request: Request | None = None) -> int:
+                 reserve_tokens: int | None = None, request: Request | None = None,
+                 full_sequence_tokens: int | None = None) -> int:
         """Give a new request blocks for `num_tokens`; returns tokens found in cache (or -1).
 
         -1 means not enough free blocks (above the watermark); nothing changes.
         With prefix caching and `request` given, the longest cached prefix (whole
-        blocks, at most num_tokens - 1 and prompt - 1 tokens) is reused and its token
-        count returned; otherwise 0. `reserve_tokens` is ignored: paging grows tables
+        blocks, at most num_tokens - 1 and known - 1 tokens) is reused and its token
+        count returned; otherwise 0. `full_sequence_tokens` (vLLM's
+        `scheduler_reserve_full_isl`): refuse unless blocks for that many tokens,
+        hits counted, fit as well. `reserve_tokens` is ignored: paging grows tables
         as tokens are written.
         """
         if request_id in self._tables:
             raise ValueError(f"request {request_id} already holds blocks")
         reserve = self.watermark_blocks if use_watermark else 0
+        hits: list[int] = []
         if request is not None and self.enable_prefix_cache:
-            return self._allocate_cached(request_id, num_tokens, reserve, request)
-        needed = self.blocks_for(num_tokens)
-        if len(self._free) - self._head - self._num_stale - needed < reserve:
-            return -1
-        self._tables[request_id] = self._take(needed)
-        return 0
-
-    def _allocate_cached(self, request_id: int, num_tokens: int, reserve: int,
-                         request: Request) -> int:
-        hits = self._match(request)[:max(0, (num_tokens - 1) // self.block_size)]
+            hits = self._match(request)[:max(0, (num_tokens - 1) // self.block_size)]
         refcounts = self._refcounts
         revived = sum(1 for b in hits if not refcounts[b])  # hits that leave the free queue
+        free = self.num_free_blocks - revived - reserve
+        if full_sequence_tokens is not None and \
+                self.blocks_for(full_sequence_tokens) - len(hits) > free:
+            return -1
         needed = self.blocks_for(num_tokens) - len(hits)
-        if self.num_free_blocks - revived - needed < reserve:
+        if needed > free:
             return -1
         stale = self._stale
         for block in hits:
@@ -181,8 +205,7 @@ class PagedBlockManager:
                 self._num_stale += 1
             refcounts[block] += 1
         self._tables[request_id] = tuple(hits) + self._take(needed)
-        self._chains[request_id] = self._chain(request)
-        self._named[request_id] = len(hits)
+        self._hold_names(request_id, request, len(hits))
         tokens = len(hits) * self.block_size
         self.num_hit_tokens += tokens
         return tokens
@@ -197,7 +220,7 @@ class PagedBlockManager:
         missing = -(-num_tokens // self.block_size) - len(table)
         if missing <= 0:
             return table
-        if missing > len(self._free) - self._head - self._num_stale:
+        if missing > self.num_free_blocks:
             return None
         table = self._tables[request_id] = table + self._take(missing)
         return table
@@ -209,7 +232,7 @@ class PagedBlockManager:
         decodes that crossed a block boundary this step. None if the pool runs short,
         and then nothing changes (the caller goes one by one and preempts).
         """
-        if len(request_ids) > len(self._free) - self._head - self._num_stale:
+        if len(request_ids) > self.num_free_blocks:
             return None
         tables = self._tables
         grown = []
@@ -219,23 +242,38 @@ class PagedBlockManager:
         return grown
 
     def free(self, request_id: int) -> None:
-        """Return a request's blocks; freed blocks go to the back of the queue (LRU).
+        """Return a request's blocks, the table's tail first (vLLM's BlockPool.free_blocks).
 
-        The table's tail goes first: it is the least useful to a later prefix hit.
-        Named blocks keep their names until taken for other content.
+        A block without a name goes to the front of the queue, reused first (LIFO);
+        a named one to the back (LRU), keeping its name until taken for other content.
         """
         if self._chains:
             self._chains.pop(request_id, None)
             self._named.pop(request_id, None)
-        refcounts = self._refcounts
-        released = []
+        refcounts, hashes = self._refcounts, self._block_hash
+        front: list[int] = []
+        back: list[int] = []
         for block in reversed(self._tables.pop(request_id, ())):
             refcounts[block] -= 1
             if not refcounts[block]:
-                released.append(block)
-        self._free.extend(released)
+                (front if hashes[block] is None else back).append(block)
+        if front:
+            front.reverse()  # _front's end is the queue's front: the tail block goes first
+            self._front += front
+        if back:
+            self._free += back
 
     def _take(self, count: int) -> tuple[int, ...]:
+        front, taken = self._front, ()
+        if front and count:
+            n = min(count, len(front))
+            taken = tuple(reversed(front[-n:]))
+            del front[-n:]
+            count -= n
+            if not count:
+                for block in taken:
+                    self._refcounts[block] = 1
+                return taken
         head, free = self._head, self._free
         if self._num_stale:
             blocks, head = self._take_skipping(count, head)
@@ -243,15 +281,15 @@ class PagedBlockManager:
             blocks = tuple(free[head:head + count])
             head += count
         refcounts = self._refcounts
-        for block in blocks:
+        for block in taken + blocks:
             refcounts[block] = 1
-        if self._cached:  # names exist only with prefix caching
+        if self._cached:  # names exist only with prefix caching; _front holds none
             self._evict(blocks)
         if head > 4096 and 2 * head > len(free):
             del free[:head]
             head = 0
         self._head = head
-        return blocks
+        return taken + blocks
 
     def _take_skipping(self, count: int, head: int) -> tuple[tuple[int, ...], int]:
         """Pop `count` live entries from the head, dropping the stale ones met on the way."""
@@ -268,14 +306,25 @@ class PagedBlockManager:
         return tuple(taken), head
 
     def _evict(self, blocks: tuple[int, ...]) -> None:
-        """Drop the names of blocks taken for new content."""
-        names, cached = self._block_hash, self._cached
+        """Drop the names of blocks taken for new content; a later copy takes over a name."""
+        hashes, cached, copies = self._block_hash, self._cached, self._copies
         for block in blocks:
-            name = names[block]
-            if name is not None:
-                del cached[name]
-                names[block] = None
-                self.num_evictions += 1
+            name = hashes[block]
+            if name is None:
+                continue
+            hashes[block] = None
+            self.num_evictions += 1
+            later = copies.get(name)
+            if cached[name] == block:
+                if later:
+                    cached[name] = later.pop(0)
+                else:
+                    del cached[name]
+            else:
+                assert later is not None
+                later.remove(block)
+            if later is not None and not later:
+                del copies[name]
 
     # -- swap ----------------------------------------------------------------
     def swap_out(self, request_id: int) -> int:
@@ -295,17 +344,24 @@ class PagedBlockManager:
     def is_swapped(self, request_id: int) -> bool:
         return request_id in self._host
 
-    def swap_in(self, request_id: int, num_tokens: int, use_watermark: bool = True) -> int:
+    def swap_in(self, request_id: int, num_tokens: int, use_watermark: bool = True,
+                request: Request | None = None, full_sequence_tokens: int | None = None
+                ) -> int:
         """Bring a swapped request back on fresh blocks covering `num_tokens`; returns blocks moved.
 
-        -1 when the GPU pool lacks the blocks (above the watermark); nothing changes.
+        -1 when the GPU pool lacks the blocks (above the watermark, and for
+        `full_sequence_tokens` as in allocate); nothing changes. With `request` and
+        prefix caching its blocks can be named again (cache_computed).
         """
         count = self._host[request_id]
         needed = max(self.blocks_for(num_tokens), count)
-        reserve = self.watermark_blocks if use_watermark else 0
-        if self.num_free_blocks - needed < reserve:
+        free = self.num_free_blocks - (self.watermark_blocks if use_watermark else 0)
+        if full_sequence_tokens is not None and self.blocks_for(full_sequence_tokens) > free:
+            return -1
+        if needed > free:
             return -1
         self._tables[request_id] = self._take(needed)
+        self._hold_names(request_id, request, 0)
         del self._host[request_id]
         self._host_used -= count
         self.num_swapped_in_blocks += count
@@ -314,8 +370,9 @@ class PagedBlockManager:
     def check_invariants(self) -> None:
         """Raise AssertionError if the accounting is broken; for tests."""
         stale = list(self._stale)
-        free_list = []
-        for b in self._free[self._head:]:  # the queue as _take would pop it
+        free_list = self._front[::-1]  # the queue as _take would pop it
+        assert all(self._block_hash[b] is None for b in free_list), "a named block up front"
+        for b in self._free[self._head:]:
             if stale[b]:
                 stale[b] -= 1
             else:
@@ -337,7 +394,9 @@ class PagedBlockManager:
             assert count == holders.get(b, 0), f"block {b} refcount {count} != its holders"
         names = self._block_hash
         assert all(names[b] == h for h, b in self._cached.items()), "name index out of sync"
-        assert sum(n is not None for n in names) == len(self._cached), "stray block name"
+        assert all(h in self._cached and later and all(names[b] == h for b in later)
+                   for h, later in self._copies.items()), "copy index out of sync"
+        assert sum(n is not None for n in names) == self.num_cached_blocks, "stray block name"
         assert all(n == 1 or names[b] is not None for b, n in holders.items()), \
             "a block shared without a prefix-cache name"
         assert self._host_used == sum(self._host.values()) <= self.host_swap_blocks

@@ -6,9 +6,17 @@ the block's tokens when the request carries them, else the pieces of the
 trace's prefix ids it covers: id j covers tokens [j*U, (j+1)*U) (U =
 `prefix_unit_tokens`), and a block of B tokens covers (id, first offset, end
 offset) pieces of one or more ids, so any B works: dividing U, equal, or
-larger. Only full blocks inside the prompt and inside what the ids cover are
-named: a block holding generated tokens, or tokens no id describes, is never
-shared.
+larger. Those names cover the full prompt blocks inside what the ids (or
+tokens) describe.
+
+Every later block, and every block of a request that describes nothing, is
+named too (`own_name`), as vLLM names every full block: by the request's id
+chained over its parent's name. Such a block holds generated tokens, or
+tokens no id describes, so only its own request can hit it: a request
+preempted by recompute resumes from its cached prompt and output blocks. The
+simulator knows no output token ids, so two requests that generate the same
+tokens never share them; vLLM would (with scripted outputs it never matters
+unless two requests' outputs are identical).
 
 Python's hash of a tuple of ints is deterministic across processes (no string
 salting), so plans are reproducible; 64-bit collisions are ignored, as vLLM
@@ -20,6 +28,11 @@ from __future__ import annotations
 from sim.core.request import Request
 
 ROOT_HASH = 0  # the parent name of a prompt's first block
+
+
+def own_name(parent: int, request_id: int) -> int:
+    """The name of a block only `request_id` can hold: generated or undescribed tokens."""
+    return hash((parent, -1 - request_id))
 
 
 def block_hashes(request: Request, block_size: int) -> tuple[int, ...]:

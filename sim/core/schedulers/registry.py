@@ -31,6 +31,7 @@ class SchedulerSettings:
     batch_size: int = 16
     max_wait_s: float | None = None  # dynamic: None = DEFAULT_MAX_WAIT_S; static: no timer
     preemption: str = "recompute"  # continuous: "recompute" or "swap"
+    scheduler_reserve_full_isl: bool = True  # continuous: vLLM's full-sequence admission check
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +45,8 @@ class Policy:
 def _continuous(kv: KVManager, s: SchedulerSettings) -> Scheduler:
     return ContinuousScheduler(kv, s.max_num_seqs, s.max_num_batched_tokens, s.chunked_prefill,
                                s.max_model_len, max_output_tokens=s.max_output_tokens,
-                               preemption=s.preemption)
+                               preemption=s.preemption,
+                               scheduler_reserve_full_isl=s.scheduler_reserve_full_isl)
 
 
 def _contiguous(kv: KVManager) -> ContiguousAllocator:
