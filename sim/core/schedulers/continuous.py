@@ -102,6 +102,7 @@ class ContinuousScheduler:
         self.num_swap_fallbacks = 0  # swap preemptions that found the host pool full
         # read-only: the last admission stopped for lack of KV blocks (TTFT diagnosis)
         self.kv_blocked = False
+        self._preempted_only = False  # the last schedule() preempted and ran nothing
         self._spec = Speculation(speculative_tokens, speculative_method, max_model_len)
 
     @property
@@ -144,7 +145,12 @@ class ContinuousScheduler:
         return bool(self.waiting or self.running)
 
     def next_wakeup(self, now: float) -> float | None:
-        return None
+        """Now, after a step that only preempted (vLLM runs an empty step); else at an arrival.
+
+        A lone request whose drafts outgrow the pool preempts itself; asked again, it
+        is re-admitted and recomputes (emitting a token each time round, as in vLLM).
+        """
+        return now if self._preempted_only else None
 
     def close(self, now: float) -> None:
         """No more arrivals: nothing changes, every step already admits what waits."""
@@ -216,9 +222,6 @@ class ContinuousScheduler:
                                         preempted, self._paged if self._prefix_cache else None)
         if not preempted:
             self._admit(budget, step, now, bool(step.request_ids), False)
-        if not step.request_ids:
-            batch.pending = None
-            return None
         plan = batch.pending = self._build(step, preempted)
         return plan
 
@@ -259,11 +262,12 @@ class ContinuousScheduler:
 
         if not preempted:
             self._admit(room, step, now, bool(step.request_ids), prefill_scheduled)
-        if not step.request_ids:
-            return None
         return self._build(step, preempted)
 
-    def _build(self, step: PlanBuilder, preempted: list[int]) -> StepPlan:
+    def _build(self, step: PlanBuilder, preempted: list[int]) -> StepPlan | None:
+        self._preempted_only = not step.request_ids and bool(preempted)
+        if not step.request_ids:
+            return None
         if self._swap_out_pending:
             step.swap_out_tokens, self._swap_out_pending = self._swap_out_pending, 0
         return step.build(tuple(preempted))
