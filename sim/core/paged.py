@@ -5,10 +5,17 @@ See sim/core/kv.py's docstring for the design; this file is the mechanics.
 
 from __future__ import annotations
 
-from sim.core.prefix import ROOT_HASH, block_hashes, own_name
+from collections import deque
+from itertools import repeat
+
+from sim.core.prefix import block_hashes, own_names_base
 from sim.core.request import Request
 
 NULL_BLOCK = 0
+
+
+def _is_name(name: int | None) -> bool:
+    return name is not None
 
 
 class PagedBlockManager:
@@ -46,12 +53,13 @@ class PagedBlockManager:
         self._refcounts = [0] * num_blocks
         self._tables: dict[int, tuple[int, ...]] = {}
         # prefix cache: name -> the block hits get (the first named), later blocks with
-        # the same name in naming order, block -> name; per held request the names of
-        # its blocks so far and how many leading table blocks carry theirs
+        # the same name in naming order, block -> name (named blocks only); per held
+        # request its prompt's content names (own names follow) and how many leading
+        # table blocks carry their names. Dicts, so a prefill's blocks are named in bulk.
         self._cached: dict[int, int] = {}
         self._copies: dict[int, list[int]] = {}
-        self._block_hash: list[int | None] = [None] * num_blocks
-        self._chains: dict[int, list[int]] = {}
+        self._block_hash: dict[int, int] = {}
+        self._chains: dict[int, tuple[int, ...]] = {}
         self._named: dict[int, int] = {}
         self._memo: tuple[Request, tuple[int, ...]] | None = None  # last request's prompt names
         self._host: dict[int, int] = {}  # request -> blocks parked in the host pool
@@ -101,7 +109,7 @@ class PagedBlockManager:
         return self._refcounts[block]
 
     def block_hash(self, block: int) -> int | None:
-        return self._block_hash[block]
+        return self._block_hash.get(block)
 
     # -- prefix cache --------------------------------------------------------
     def _prompt_names(self, request: Request) -> tuple[int, ...]:
@@ -120,15 +128,13 @@ class PagedBlockManager:
         """
         chain, cached = self._prompt_names(request), self._cached
         limit = (request.num_known_tokens - 1) // self.block_size
+        own, described = own_names_base(request.request_id), len(chain)
         blocks: list[int] = []
-        parent = ROOT_HASH
         for i in range(limit):
-            name = chain[i] if i < len(chain) else own_name(parent, request.request_id)
-            block = cached.get(name)
+            block = cached.get(chain[i] if i < described else own - i)
             if block is None:
                 break
             blocks.append(block)
-            parent = name
         return blocks
 
     def cached_prefix_tokens(self, request: Request) -> int:
@@ -145,28 +151,42 @@ class PagedBlockManager:
         block carries already (two requests computed the same content at once) is
         given to this block too: hits take the first, the others serve once it goes.
         """
-        names = self._chains.get(request_id)
-        if names is None:
+        chain = self._chains.get(request_id)
+        if chain is None:
             return
         full = num_tokens // self.block_size
         start = self._named[request_id]
         if full <= start:
             return
-        while len(names) < full:
-            names.append(own_name(names[-1] if names else ROOT_HASH, request_id))
-        table, cached, hashes = self._tables[request_id], self._cached, self._block_hash
-        for i in range(start, full):
-            name, block = names[i], table[i]
-            hashes[block] = name
+        self._named[request_id] = full
+        cached = self._cached
+        if full == start + 1:  # a decode filled its block: most calls
+            name = chain[start] if start < len(chain) else own_names_base(request_id) - start
+            block = self._tables[request_id][start]
             if name in cached:
                 self._copies.setdefault(name, []).append(block)
             else:
                 cached[name] = block
-        self._named[request_id] = full
+            self._block_hash[block] = name
+            return
+        names = list(chain[start:full])
+        if full > len(chain):
+            own = own_names_base(request_id)
+            names += range(own - max(start, len(chain)), own - full, -1)
+        blocks = self._tables[request_id][start:full]
+        if cached.keys().isdisjoint(names):  # the common case: no content computed twice
+            cached.update(zip(names, blocks, strict=True))
+        else:
+            for name, block in zip(names, blocks, strict=True):
+                if name in cached:
+                    self._copies.setdefault(name, []).append(block)
+                else:
+                    cached[name] = block
+        self._block_hash.update(zip(blocks, names, strict=True))
 
     def _hold_names(self, request_id: int, request: Request | None, num_named: int) -> None:
         if request is not None and self.enable_prefix_cache:
-            self._chains[request_id] = list(self._prompt_names(request))
+            self._chains[request_id] = self._prompt_names(request)
             self._named[request_id] = num_named
 
     # -- operations ----------------------------------------------------------
@@ -251,17 +271,15 @@ class PagedBlockManager:
             self._chains.pop(request_id, None)
             self._named.pop(request_id, None)
         refcounts, hashes = self._refcounts, self._block_hash
-        front: list[int] = []
-        back: list[int] = []
-        for block in reversed(self._tables.pop(request_id, ())):
+        table = self._tables.pop(request_id, ())
+        for block in table:
             refcounts[block] -= 1
-            if not refcounts[block]:
-                (front if hashes[block] is None else back).append(block)
-        if front:
-            front.reverse()  # _front's end is the queue's front: the tail block goes first
-            self._front += front
-        if back:
-            self._free += back
+        released = [block for block in table if not refcounts[block]]  # head first
+        if not hashes:  # no names: every block to the front
+            self._front += released  # _front's end is the queue's front: the tail goes first
+            return
+        self._front += [block for block in released if block not in hashes]
+        self._free += [block for block in reversed(released) if block in hashes]
 
     def _take(self, count: int) -> tuple[int, ...]:
         front, taken = self._front, ()
@@ -307,13 +325,18 @@ class PagedBlockManager:
 
     def _evict(self, blocks: tuple[int, ...]) -> None:
         """Drop the names of blocks taken for new content; a later copy takes over a name."""
-        hashes, cached, copies = self._block_hash, self._cached, self._copies
-        for block in blocks:
-            name = hashes[block]
+        names = list(map(self._block_hash.pop, blocks, repeat(None, len(blocks))))
+        unnamed = names.count(None)
+        if unnamed == len(names):
+            return
+        self.num_evictions += len(names) - unnamed
+        cached, copies = self._cached, self._copies
+        if not copies:  # every name is on one block: the one taken
+            deque(map(cached.__delitem__, filter(_is_name, names) if unnamed else names), 0)
+            return
+        for block, name in zip(blocks, names, strict=True):
             if name is None:
                 continue
-            hashes[block] = None
-            self.num_evictions += 1
             later = copies.get(name)
             if cached[name] == block:
                 if later:
@@ -371,7 +394,8 @@ class PagedBlockManager:
         """Raise AssertionError if the accounting is broken; for tests."""
         stale = list(self._stale)
         free_list = self._front[::-1]  # the queue as _take would pop it
-        assert all(self._block_hash[b] is None for b in free_list), "a named block up front"
+        names = self._block_hash
+        assert not any(b in names for b in free_list), "a named block up front"
         for b in self._free[self._head:]:
             if stale[b]:
                 stale[b] -= 1
@@ -392,12 +416,11 @@ class PagedBlockManager:
         for b, count in enumerate(self._refcounts):
             assert count >= 0, f"block {b} refcount {count} < 0"
             assert count == holders.get(b, 0), f"block {b} refcount {count} != its holders"
-        names = self._block_hash
-        assert all(names[b] == h for h, b in self._cached.items()), "name index out of sync"
-        assert all(h in self._cached and later and all(names[b] == h for b in later)
+        assert all(names.get(b) == h for h, b in self._cached.items()), "name index out of sync"
+        assert all(h in self._cached and later and all(names.get(b) == h for b in later)
                    for h, later in self._copies.items()), "copy index out of sync"
-        assert sum(n is not None for n in names) == self.num_cached_blocks, "stray block name"
-        assert all(n == 1 or names[b] is not None for b, n in holders.items()), \
+        assert len(names) == self.num_cached_blocks, "stray block name"
+        assert all(n == 1 or b in names for b, n in holders.items()), \
             "a block shared without a prefix-cache name"
         assert self._host_used == sum(self._host.values()) <= self.host_swap_blocks
         assert not self._host.keys() & self._tables.keys(), "a request both swapped and held"

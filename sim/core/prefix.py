@@ -11,12 +11,14 @@ tokens) describe.
 
 Every later block, and every block of a request that describes nothing, is
 named too (`own_name`), as vLLM names every full block: by the request's id
-chained over its parent's name. Such a block holds generated tokens, or
-tokens no id describes, so only its own request can hit it: a request
-preempted by recompute resumes from its cached prompt and output blocks. The
-simulator knows no output token ids, so two requests that generate the same
-tokens never share them; vLLM would (with scripted outputs it never matters
-unless two requests' outputs are identical).
+and the block's index. Such a block holds generated tokens, or tokens no id
+describes, which only its own request holds at that place (after the same
+blocks before it), so the pair names the whole prefix as a chain would, and
+only its own request can hit it: a request preempted by recompute resumes
+from its cached prompt and output blocks. The simulator knows no output token
+ids, so two requests that generate the same tokens never share them; vLLM
+would (with scripted outputs it never matters unless two requests' outputs
+are identical).
 
 Python's hash of a tuple of ints is deterministic across processes (no string
 salting), so plans are reproducible; 64-bit collisions are ignored, as vLLM
@@ -30,9 +32,22 @@ from sim.core.request import Request
 ROOT_HASH = 0  # the parent name of a prompt's first block
 
 
-def own_name(parent: int, request_id: int) -> int:
-    """The name of a block only `request_id` can hold: generated or undescribed tokens."""
-    return hash((parent, -1 - request_id))
+OWN_INDEX_BITS = 24  # block indices below 2**24 (268M tokens of 16) get distinct own names
+
+
+def own_name(request_id: int, index: int) -> int:
+    """The name of block `index` of `request_id` when only that request can hold it.
+
+    A plain integer (distinct for every pair, any request id), so a run of them is a
+    `range` and costs no hashing; as for content names, a clash with a 64-bit content
+    hash is ignored.
+    """
+    return own_names_base(request_id) - index
+
+
+def own_names_base(request_id: int) -> int:
+    """own_name(request_id, i) == own_names_base(request_id) - i."""
+    return -(request_id << OWN_INDEX_BITS) - 1
 
 
 def block_hashes(request: Request, block_size: int) -> tuple[int, ...]:
