@@ -8,27 +8,22 @@ Block 0 is the null block: never handed out, it is where padding rows write.
 Block tables are tuples, rebuilt only when a block is added (every
 `block_size` tokens), so a step plan can hold them without copying.
 
-Free blocks sit in one queue in eviction order. A freed block without a name
-goes to its front and is reused first (LIFO); a named one goes to the back,
-so reuse evicts the least recently freed name (LRU); a request's table is
-freed tail first. The front is a stack, the back a FIFO list consumed from a
-moving head, so whole tables are taken with C-speed slices: a request
-allocates and frees ~100 blocks, and a linked list popped one block at a
-time cost more than the rest of the simulation. A block returns to the queue
-only when its refcount drops to zero.
+Free blocks sit in one queue in eviction order (sim/core/free_queue.py): a
+freed block without a name goes to its front and is reused first (LIFO), a
+named one to its back, so reuse evicts the least recently freed name (LRU);
+a request's table is freed tail first. A block returns to the queue only
+when its refcount drops to zero.
 
-Prefix caching (sim/core/prefix.py names blocks by content): a block is named
-when it is allocated for the step that fills it (`cache_computed`), so a
-request admitted later in the same step hits it; every full block is named,
-generated ones included, so a request preempted by recompute resumes from its
-cached prompt and output. Two blocks may carry the same name (two requests
-computed one prefix at once): hits take the first, the next serves once the
-first is evicted. A block keeps its name when freed, so a later request with
-the same prefix takes it back (a hit). A hit on a free block must leave the
-middle of the queue: its entry is marked stale and skipped when the head
-reaches it (lazy deletion; a block's stale entries always precede its live
-one, so a per-block count suffices). Taking a named block for new content
-evicts its name. Without prefix caching no name or stale entry ever exists,
+Prefix caching (names: sim/core/prefix.py; index: sim/core/prefix_index.py):
+a block is named when it is allocated for the step that fills it
+(`cache_computed`), so a request admitted later in the same step hits it;
+every full block is named, generated ones included, so a request preempted
+by recompute resumes from its cached prompt and output. Two blocks may carry
+the same name (two requests computed one prefix at once): hits take the
+first, the next serves once the first is evicted. A block keeps its name when
+freed, so a later request with the same prefix takes it back (a hit; a hit on
+a free block takes it out of the middle of the queue). Taking a named block
+for new content evicts its name. Without prefix caching no name exists,
 every freed block goes to the front, and the paths are the plain ones.
 
 Admission (`allocate`) keeps vLLM's watermark (int(watermark * num_blocks)
