@@ -56,7 +56,7 @@ class Context:
 class Step:
     name: str
     what: str
-    cost: str  # measured wall time on a 2-core machine (all steps: ~13 min)
+    cost: str  # measured wall time on a 2-core machine (all steps: ~15 min)
     publishes: tuple[str, ...]  # paths, relative to the repository, besides docs/figures.md
     run: Callable[[Context], str]  # returns the Markdown body of the step's section
 
@@ -169,6 +169,30 @@ def engine_replay(ctx: Context) -> str:
     return text.replace(str(out), "results/engine_cpu_engine")
 
 
+FIDELITY = {"calibrate_cpu": "calibration/cpu-tiny/fidelity",
+            "calibrate_cpu_speculative": "calibration/cpu-tiny/fidelity-calibrate_cpu_speculative"}
+FIDELITY_FILES = ("fidelity.json", "fidelity.md", "steps.csv", "requests.csv",
+                  "latency_cdf.png", "step_latency.png")
+
+
+def fidelity(ctx: Context) -> str:
+    """The shipped CPU table validated against this machine's engine (no re-profiling)."""
+    out = ctx.work / "fidelity_cpu"
+    command([sys.executable, "benchmarks/fidelity_cpu.py", "--table", "calibration/cpu-tiny",
+             "--out", str(out), "--quiet"])
+    for name, target in FIDELITY.items():
+        for file in FIDELITY_FILES:
+            publish(out / f"fidelity-{name}" / file, f"{target}/{file}")
+        report = REPO / target / "fidelity.json"  # its table, relative to where it now lies
+        body = json.loads(report.read_text())
+        body["table"] = os.path.relpath(REPO / "calibration" / "cpu-tiny", REPO / target)
+        report.write_text(json.dumps(body, indent=2) + "\n")
+    summary = (out / "summary.md").read_text().split("\n", 1)[1].replace(str(out), "results")
+    return ("`python benchmarks/fidelity_cpu.py --table calibration/cpu-tiny`; the reports "
+            "in calibration/cpu-tiny/fidelity*/.\n" + re.sub(r"^#", "###", summary,
+                                                            flags=re.MULTILINE))
+
+
 def bench_sim(*args: str, json_name: str) -> Callable[[Context], str]:
     def step(ctx: Context) -> str:
         cmd = ["benchmarks/bench_sim.py", *args, "--json", f"benchmarks/results/{json_name}"]
@@ -242,6 +266,8 @@ STEPS = (
          ("docs/long_context_sweep.png",), long_context),
     Step("engine_replay", "the CPU engine serving scenarios/engine_cpu.yaml", "35 s", (),
          engine_replay),
+    Step("fidelity", "the CPU table against this machine's engine", "1.5 min",
+         tuple(f"{t}/{f}" for t in FIDELITY.values() for f in FIDELITY_FILES), fidelity),
     Step("bench_sim", "simulator speed and memory, N = 1k to 100k", "3.5 min",
          ("benchmarks/results/bench_sim.json",), bench_sim(json_name="bench_sim.json")),
     Step("bench_sim_1m", "simulator speed and memory at a million requests", "3 min",
