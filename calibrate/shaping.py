@@ -31,7 +31,7 @@ class _NoKernels:
 
     def prepare(self, new_token_ids: list[list[int]], context_tokens: tuple[int, ...],
                 block_tables: tuple[tuple[int, ...], ...], emits_token: tuple[bool, ...],
-                min_seqs: int = 0) -> int:
+                min_seqs: int = 0, **_: object) -> int:
         return sum(emits_token)
 
     def execute(self, inputs: int, sample: Callable[[torch.Tensor], torch.Tensor]

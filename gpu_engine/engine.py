@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,8 +31,9 @@ from gpu_engine.kv_cache import PagedKVCache
 from gpu_engine.model import LlamaModel
 from gpu_engine.prompts import prompt_token_ids
 from gpu_engine.runner import ModelRunner
-from gpu_engine.sampling import SamplingParams, make_generator, sample
-from gpu_engine.speculative import Draft, DraftRequest, ModelDrafter, NgramDrafter, verify
+from gpu_engine.sampling import SamplingParams, sample
+from gpu_engine.speculative import ModelDrafter, NgramDrafter
+from gpu_engine.speculative_step import execute_speculative
 from sim.core.plan import StepPlan, StepResult, StepShape
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
@@ -75,7 +76,7 @@ class _Sequence:
     request: Request
     token_ids: list[int]  # prompt, then every emitted token
     sampling: SamplingParams
-    generator: torch.Generator | None
+    seed: int | None  # sampled requests' seed (gpu_engine.sampling.uniforms)
     stopped: bool = False  # hit EOS with stop_at_eos: the stream ends there
 
 
@@ -147,12 +148,11 @@ class Engine:
                     now: float | None = None) -> bool:
         """Queue `request` (its prompt ids, or ids synthesised from the engine seed)."""
         ids = prompt_token_ids(request, self.vocab_size, self.seed)
-        generator = None
+        seed = None
         if sampling.temperature > 0:
             seed = sampling.seed if sampling.seed is not None else \
                 self.seed * _SEED_STRIDE + request.request_id
-            generator = make_generator(seed, self.runner.device)
-        self._seqs[request.request_id] = _Sequence(request, ids, sampling, generator)
+        self._seqs[request.request_id] = _Sequence(request, ids, sampling, seed)
         accepted = self.scheduler.add(request, self.clock.now() if now is None else now)
         if not accepted:
             del self._seqs[request.request_id]
@@ -221,12 +221,13 @@ class Engine:
         if plan.num_spec_tokens:
             return self._execute_speculative(plan, seqs, new_ids)
         inputs = self.runner.prepare(new_ids, plan.context_tokens, plan.block_tables,
-                                     plan.emits_token, min_seqs=plan.shape.padded_batch)
+                                     plan.emits_token, min_seqs=plan.shape.padded_batch,
+                                     seq_ids=plan.request_ids)
         emitting = [s for s, e in zip(seqs, plan.emits_token, strict=True) if e]
 
         def draw(logits: torch.Tensor) -> torch.Tensor:
-            return sample(logits, [s.sampling for s in emitting],
-                          [s.generator for s in emitting])
+            return sample(logits, [s.sampling for s in emitting], [s.seed for s in emitting],
+                          [len(s.token_ids) for s in emitting])
 
         token_ids, device_s = self.runner.execute(inputs, draw)
         return token_ids, (), device_s
@@ -237,55 +238,7 @@ class Engine:
         """Draft k_i tokens per speculating sequence, verify them all in one target pass."""
         if self.drafter is None:
             raise RuntimeError("the scheduler speculates but the engine has no drafter")
-        started = time.perf_counter()
-        for rid in plan.preempted_ids:
-            self.drafter.forget(rid)
-        ks = plan.num_spec_tokens
-        asks = [DraftRequest(s.request.request_id, s.token_ids, ctx, k, table, s.sampling,
-                             s.generator)
-                for s, ctx, k, table in zip(seqs, plan.context_tokens, ks, plan.block_tables,
-                                            strict=True) if k]
-        drafts = iter(self.drafter.propose(asks))
-        by_seq: list[Draft | None] = []
-        rows: list[int] = []  # logits rows: all 1 + k_i positions of a speculating sequence
-        start = 0
-        for i, (k, emits) in enumerate(zip(ks, plan.emits_token, strict=True)):
-            draft = next(drafts) if k else None
-            if draft is not None:
-                new_ids[i] = new_ids[i][:1] + list(draft.token_ids)
-            by_seq.append(draft)
-            end = start + len(new_ids[i])
-            if emits:
-                rows.extend(range(end - 1 - k, end))
-            start = end
-        inputs = self.runner.prepare(new_ids, plan.context_tokens, plan.block_tables,
-                                     plan.emits_token)
-        inputs = replace(inputs, logits_indices=torch.tensor(rows, device=inputs.token_ids.device))
-        counts: list[int] = []
-
-        def draw(logits: torch.Tensor) -> torch.Tensor:
-            out: list[int] = []
-            row = 0
-            for s, k, draft, emits in zip(seqs, ks, by_seq, plan.emits_token, strict=True):
-                if not emits:
-                    continue
-                if draft is None:
-                    token = sample(logits[row:row + 1], [s.sampling], [s.generator])
-                    emitted = [int(token[0])]
-                else:
-                    emitted = verify(logits[row:row + 1 + k], draft, s.sampling, s.generator)
-                    self.drafter.accepted(s.request.request_id, len(s.token_ids) - 1,
-                                          len(emitted) - 1, k)
-                out.extend(emitted)
-                counts.append(len(emitted))
-                row += 1 + k
-            return torch.tensor(out, dtype=torch.int64)
-
-        token_ids, _ = self.runner.execute(inputs, draw)
-        # the drafter's passes are kernels too: time the whole speculative step on the host
-        if self.runner.device.type == "cuda":
-            torch.cuda.synchronize()
-        return token_ids, tuple(counts), time.perf_counter() - started
+        return execute_speculative(self.runner, self.drafter, plan, seqs, new_ids)
 
     def _emit(self, plan: StepPlan, token_ids: list[int], counts: tuple[int, ...],
               now: float) -> None:
