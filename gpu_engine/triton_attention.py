@@ -33,7 +33,7 @@ from gpu_engine.inputs import StepInputs
 __all__ = ["decode_splits", "triton_attention", "write_kv"]
 
 _BLOCK_N = 64  # KV positions per inner iteration
-_TARGET_PROGRAMS = 512  # decode: enough programs to fill an H100/H200 (132 SMs) a few times
+_WAVES = 4  # decode: aim for this many programs per multiprocessor
 _MAX_SPLITS = 32
 
 
@@ -51,9 +51,14 @@ def _kernels(on_cpu: bool) -> tuple[Any, Any]:
     return triton.jit(attention_kernel), triton.jit(combine_kernel)
 
 
-def decode_splits(batch: int, num_kv_heads: int) -> int:
-    """How many programs share one decode sequence's KV: enough to fill the GPU."""
-    return max(1, min(_MAX_SPLITS, -(-_TARGET_PROGRAMS // (batch * num_kv_heads))))
+def decode_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
+    """How many programs share one decode sequence's KV: enough to fill the GPU, a power of
+    two (fewer kernel variants to compile). On CPU tensors (the interpreter) one."""
+    if device.type != "cuda":
+        return 1
+    target = _WAVES * torch.cuda.get_device_properties(device).multi_processor_count
+    want = min(_MAX_SPLITS, -(-target // (batch * num_kv_heads)))
+    return 1 << max(0, want - 1).bit_length() if want > 1 else 1
 
 
 def _next_pow2(n: int) -> int:
@@ -100,7 +105,8 @@ def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     if inputs.is_decode_only:
         if q.stride(-1) != 1:
             q = q.contiguous()
-        splits = decode_splits(inputs.num_seqs, k_cache.shape[2]) if splits is None else splits
+        if splits is None:
+            splits = decode_splits(inputs.num_seqs, k_cache.shape[2], q.device)
         _launch(q, k_cache, v_cache, out, inputs, scale, True, splits)
         return out
     if inputs.tiles.shape[1]:

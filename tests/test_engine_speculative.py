@@ -210,7 +210,7 @@ def test_incremental_prompt_lookup_equals_a_rescan(tokens, growth, k) -> None:
     rest = iter(tokens[1:])
     for add in growth:
         assert drafter._lookup(7, seen, k) == _scan_lookup(seen, k)
-        seen = seen + [t for _, t in zip(range(add), rest)]
+        seen = seen + [t for _, t in zip(range(add), rest, strict=False)]
     assert drafter._lookup(7, seen, k) == _scan_lookup(seen, k) == drafter.lookup(seen, k)
     drafter.forget(7)
     assert drafter._lookup(7, seen[:2], k) == _scan_lookup(seen[:2], k)  # a fresh index
