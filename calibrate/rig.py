@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from calibrate.grid import GridLimits, default_grid
+from gpu_engine.devices import available_memory_bytes, resolve_device, resolve_dtype
 from gpu_engine.engine import Engine
 from gpu_engine.kv_cache import PagedKVCache
 from gpu_engine.model import LlamaModel, build_model
 from gpu_engine.runner import ModelRunner
-from gpu_engine.setup import available_memory_bytes, resolve_device, resolve_dtype
 from sim.core.kv import PagedBlockManager
 from sim.core.schedulers import SchedulerSettings
 from sim.core.schedulers import build_scheduler as build_policy

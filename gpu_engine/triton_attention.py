@@ -48,7 +48,8 @@ def _kernels(on_cpu: bool) -> tuple[Any, Any]:
     if on_cpu and not triton.knobs.runtime.interpret:
         raise RuntimeError("the triton attention backend runs CPU tensors only in Triton's "
                            "interpreter: set TRITON_INTERPRET=1 before triton is imported")
-    return triton.jit(attention_kernel), triton.jit(combine_kernel)
+    return (triton.jit(attention_kernel, do_not_specialize=["num_tiles"]),
+            triton.jit(combine_kernel))
 
 
 def decode_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:

@@ -13,15 +13,13 @@ batch, where a dense gather would pad every row to the widest.
 
 from __future__ import annotations
 
-import contextlib
-from collections import Counter
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+from calibrate.sync_count import patched_reads  # noqa: E402
 from gpu_engine.inputs import build_inputs  # noqa: E402
 from gpu_engine.kv_cache import PagedKVCache  # noqa: E402
 from gpu_engine.model import build_model  # noqa: E402
@@ -35,32 +33,6 @@ from sim.specs import get_model  # noqa: E402
 CPU_HW = {"name": "cpu-test", "bf16_flops_per_s": 5e10, "memory_bytes": 2**26,
           "memory_bandwidth_bytes_per_s": 1e10, "interconnect_bandwidth_bytes_per_s": 1e9,
           "host_link_bandwidth_bytes_per_s": 1e9}
-_TENSOR_READS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__", "cpu")
-_CUDA_WAITS = ((torch.cuda, "synchronize"), (torch.cuda.Stream, "synchronize"),
-               (torch.cuda.Event, "synchronize"))
-
-
-@contextlib.contextmanager
-def counted_syncs(counts: Counter):  # noqa: ANN201 - a context manager
-    """Count each host read of a tensor and each CUDA wait into `counts` by name."""
-    originals = [(torch.Tensor, name, getattr(torch.Tensor, name)) for name in _TENSOR_READS]
-    originals += [(owner, name, getattr(owner, name)) for owner, name in _CUDA_WAITS]
-
-    def wrap(name: str, fn):  # noqa: ANN001, ANN202
-        def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            counts[name] += 1
-            return fn(*args, **kwargs)
-        return counted
-
-    try:
-        for owner, name, fn in originals:
-            setattr(owner, name, wrap(name, fn))
-        yield counts
-    finally:
-        for owner, name, fn in originals:
-            setattr(owner, name, fn)
-
-
 def _scenario(k: int = 0, draft: str | dict = "ngram", policy: str = "continuous") -> Scenario:
     return Scenario.model_validate({
         "name": "sync-test", "seed": 3, "model": "tiny", "hardware": {"gpu": CPU_HW},
@@ -89,8 +61,7 @@ def test_every_step_reads_the_device_exactly_once(case: str) -> None:
         engine.add_request(Request(i, 0.0, 10 + 15 * i, 4 + i), params, now=0.0)
     kinds = set()
     while True:
-        counts: Counter = Counter()
-        with counted_syncs(counts):
+        with patched_reads() as counts:
             outcome = engine.step()
         if outcome is None:
             assert not counts
