@@ -53,10 +53,18 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      scale: float) -> torch.Tensor:
-    """A prefill with no cached prefix: q (n, Hq, D) over its own k/v (n, Hkv, D), causally."""
+    """A prefill with no cached prefix: q (n, Hq, D) over its own k/v (n, Hkv, D), causally.
+
+    K/V are expanded to the query heads (a copy of this chunk's K/V only) rather than
+    relying on `enable_gqa`, so that CUDA's flash kernel takes the call whatever the build.
+    """
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
     out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1).to(q.dtype),
                                          v.transpose(0, 1).to(q.dtype), is_causal=True,
-                                         scale=scale, enable_gqa=True)
+                                         scale=scale)
     return out.transpose(0, 1)
 
 
