@@ -90,3 +90,61 @@ def _outputs(backend: str) -> dict[int, list[int]]:
 def test_engine_on_the_kernel_emits_what_it_emits_on_torch() -> None:
     """Chunked prefill, mixed and decode steps through the persistent block tables."""
     assert _outputs("triton") == _outputs("torch")
+
+
+class _EagerGraph:
+    """Stands in for a captured CUDA graph: replay runs the model on the static buffers."""
+
+    def __init__(self, runner: ModelRunner, static, logits: torch.Tensor) -> None:  # noqa: ANN001
+        self.runner, self.static, self.logits = runner, static, logits
+
+    def replay(self) -> None:
+        with torch.inference_mode():
+            self.logits.copy_(self.runner.model(self.static, self.runner.kv))
+
+
+def test_graph_replay_path_refreshes_static_buffers_and_picks_the_emitting_rows() -> None:
+    """What a decode graph replay does, on the CPU: the step's packed inputs copied into the
+    static buffers (same layout, the bucket's padding included), the graph's every-row
+    logits narrowed to the emitting rows. Served this way, the engine emits the same."""
+    from gpu_engine.runner import _Graph
+
+    scenario = Scenario.model_validate({
+        "name": "graph-path", "seed": 2, "model": "tiny", "hardware": {"gpu": CPU_HW},
+        "scheduler": {"max_num_seqs": 4, "max_num_batched_tokens": 32},
+        "kv": {"num_blocks": 64, "block_size": 4},
+        "engine": {"device": "cpu", "warmup": False},
+        "workload": {"arrivals": {"process": "poisson", "rate": 1.0},
+                     "prompt_tokens": {"dist": "fixed", "value": 4},
+                     "output_tokens": {"dist": "fixed", "value": 2}, "num_requests": 1}})
+    engine = build_engine(scenario, latency=build_latency(scenario)).engine
+    runner = ModelRunner(engine.model, engine.kv, torch.device("cpu"), 4, 16, backend="triton")
+    runner.use_graphs = True  # as on CUDA; the graphs are stand-ins
+    for size in runner.graph_sizes:
+        static = runner._static_inputs(size)
+        logits = torch.zeros(size, engine.model.spec.vocab_size)
+        runner._graphs[size] = _Graph(_EagerGraph(runner, static, logits), static, logits)
+    engine.runner = runner
+    replays = []
+    original = runner._replay
+    runner._replay = lambda inputs: replays.append(inputs.num_seqs) or original(inputs)
+    for i, (prompt, output) in enumerate([(9, 5), (30, 4), (3, 6)]):
+        engine.add_request(Request(i, 0.0, prompt, output), now=0.0)
+    for _ in engine.stream():
+        pass
+    assert replays and set(replays) <= set(runner.graph_sizes)
+    assert 3 not in replays  # three decodes ran padded to the bucket of 4
+    assert {i: engine.output_ids(i) for i in range(3)} == _outputs("torch")
+    # a decode step whose second row emits nothing: its logits are not the graph's row 1
+    inputs = runner.prepare([[5], [6], [7]], [9, 3, 4], [(1, 2, 3), (4,), (5, 6)],
+                            [True, False, True], seq_ids=[7, 8, 9])
+    assert runner.uses_graph(inputs) and inputs.num_seqs == 4
+    with torch.inference_mode():
+        eager = engine.model(inputs, engine.kv)  # the LM head over the 2 emitting rows only
+        graph = runner._forward(inputs)  # over all 4 rows, then the 2 picked
+    assert graph.shape == eager.shape == (2, engine.model.spec.vocab_size)
+    assert torch.allclose(graph, eager, atol=1e-5) and torch.equal(graph.argmax(-1),
+                                                                   eager.argmax(-1))
+    with pytest.raises(RuntimeError, match="capture_all"):
+        runner._graphs.clear()
+        runner._forward(inputs)
