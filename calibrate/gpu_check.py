@@ -182,7 +182,8 @@ def _phase(results: dict[str, Any], name: str, work: Callable[[], Any]) -> None:
     except TimeUp:
         raise
     except Exception as err:  # noqa: BLE001 - a failed check is a result; the run goes on
-        results[name] = {"error": f"{type(err).__name__}: {err}",
+        partial = results.get(name) if isinstance(results.get(name), dict) else {}
+        results[name] = {**partial, "error": f"{type(err).__name__}: {err}",
                          "traceback": traceback.format_exc(limit=6)}
         print(f"== {name}: FAILED {err}", file=sys.stderr, flush=True)
     if isinstance(results[name], dict):
@@ -238,10 +239,15 @@ def speed(plan: Plan, device: torch.device, dtype: torch.dtype, results: dict[st
         ours = gpu_speed.engine_generate_s(spec, device, dtype, batch, prompt, output, model)
         del model
         _free_device()
-        theirs = gpu_speed.hf_generate_s(spec, device, dtype, batch, prompt, output)
         out["generate"] = {"batch": batch, "prompt": prompt, "output": output,
-                           "engine_s": ours, "transformers_s": theirs,
-                           "engine_speedup": None if theirs is None else theirs / ours}
+                           "engine_s": ours, "transformers_s": None, "engine_speedup": None}
+        try:
+            theirs = gpu_speed.hf_generate_s(spec, device, dtype, batch, prompt, output)
+        except Exception as err:  # noqa: BLE001 - the ratio is optional
+            out["generate"]["transformers_error"] = f"{type(err).__name__}: {err}"
+        else:
+            out["generate"] |= {"transformers_s": theirs,
+                                "engine_speedup": None if theirs is None else theirs / ours}
     return out
 
 

@@ -215,9 +215,9 @@ def hf_generate_s(spec: ModelSpec, device: torch.device, dtype: torch.dtype, bat
                          intermediate_size=spec.intermediate_size,
                          num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
                          num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                         rms_norm_eps=spec.rms_norm_eps, rope_theta=spec.rope_theta,
+                         rms_norm_eps=spec.rms_norm_eps,
                          max_position_embeddings=spec.max_context_tokens,
-                         tie_word_embeddings=spec.tie_embeddings, torch_dtype=dtype)
+                         tie_word_embeddings=spec.tie_embeddings)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     model = model.to(dtype=dtype).to_empty(device=device).eval()
