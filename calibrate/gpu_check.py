@@ -61,6 +61,7 @@ from calibrate.gpu_plan import PLAN_DIR, load_plan  # noqa: E402
 from calibrate.gpu_summary import write_summary  # noqa: E402
 from calibrate.plain_replay import run_plan, write_record  # noqa: E402
 from calibrate.profile import ProfileSettings, profile_engine  # noqa: E402
+from calibrate.rig import git_commit  # noqa: E402
 from sim.specs import get_model  # noqa: E402
 
 GIB = 2**30
@@ -151,7 +152,7 @@ def _free_device() -> None:
 
 def environment(device: torch.device) -> dict[str, Any]:
     info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda,
-                            "python": sys.version.split()[0]}
+                            "python": sys.version.split()[0], "commit": git_commit()}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info |= {"device": props.name, "multiprocessors": props.multi_processor_count,

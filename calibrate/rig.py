@@ -9,6 +9,7 @@ is sized for the largest grid point that fits this device's memory.
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,14 +58,16 @@ class Rig:
 
 
 def git_commit() -> str:
-    """This checkout's commit (`git rev-parse HEAD`), or "unknown" outside a git checkout."""
+    """This checkout's commit (`git rev-parse HEAD`); outside a git checkout (a copy of the
+    tree on a GPU machine) the SERVESIM_COMMIT environment variable, else "unknown"."""
+    fallback = os.environ.get("SERVESIM_COMMIT", "unknown")
     try:
         done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_REPO, capture_output=True,
                               text=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return fallback
     commit = done.stdout.strip()
-    return commit if done.returncode == 0 and commit else "unknown"
+    return commit if done.returncode == 0 and commit else fallback
 
 
 def device_name(device: torch.device) -> str:
