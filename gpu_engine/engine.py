@@ -200,8 +200,13 @@ class Engine:
         tokens = iter(token_ids)
         for rid, count in zip(rids, counts or (1,) * len(rids), strict=True):
             seq = self._seqs[rid]
-            for _ in range(count):
-                self._emit_one(seq, next(tokens), now)
+            # verified drafts past the scripted output are discarded, as vLLM stops at
+            # max_tokens (the scheduler drafts k whatever is left)
+            left = seq.request.output_tokens - (len(seq.token_ids) - seq.request.prompt_tokens)
+            for i in range(count):
+                token = next(tokens)
+                if i < left:
+                    self._emit_one(seq, token, now)
 
     def _emit_one(self, seq: _Sequence, token: int, now: float) -> None:
         seq.token_ids.append(token)

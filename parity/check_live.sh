@@ -1,25 +1,39 @@
 #!/usr/bin/env bash
-# The live parity check: record vLLM 0.32.0's own Scheduler now and require the committed
-# trace to be exactly what it records (pytest then checks servesim against that trace).
+# The live parity check: record vLLM's own Scheduler now, require the committed trace of its
+# version to be exactly what it records, and replay servesim against the live recording on
+# every scheduling path (per-request, array, and the default that switches between them).
 #
 #   parity/check_live.sh VENV_DIR [TORCH_PYTHON]
 #
-# VENV_DIR is made with parity/setup_vllm.sh when it has no python yet.
+# VENV_DIR is made with parity/setup_vllm.sh when it has no python yet; TORCH_PYTHON (default
+# .venv/bin/python, from the repository root) is the main venv's python, which runs servesim.
 set -euo pipefail
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
   echo "usage: parity/check_live.sh VENV_DIR [TORCH_PYTHON]" >&2
   exit 2
 fi
 here="$(cd "$(dirname "$0")" && pwd)"
+cd "$here/.."
 venv="$1"
-[ -x "$venv/bin/python" ] || "$here/setup_vllm.sh" "$venv" "${2:-.venv/bin/python}"
-out="$(mktemp -d)"
-trap 'rm -rf "$out"' EXIT
-(cd "$here/.." && "$venv/bin/python" -m parity.record_vllm --no-progress --out "$out/live.jsonl.gz")
-if ! cmp -s <(zcat "$out/live.jsonl.gz") <(zcat "$here/traces/vllm-0.32.0.jsonl.gz"); then
-  echo "live vLLM differs from parity/traces/vllm-0.32.0.jsonl.gz: re-record it" >&2
-  diff <(zcat "$out/live.jsonl.gz" | cut -c1-200) \
-       <(zcat "$here/traces/vllm-0.32.0.jsonl.gz" | cut -c1-200) | head -20 >&2
+python="${2:-.venv/bin/python}"
+[ -x "$venv/bin/python" ] || parity/setup_vllm.sh "$venv" "$python"
+version="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))')"
+committed="parity/traces/vllm-$version.jsonl.gz"
+if ! [ -f "$committed" ]; then
+  echo "no committed trace for vLLM $version ($committed): record it with" \
+       "$venv/bin/python -m parity.record_vllm" >&2
   exit 1
 fi
-echo "live vLLM matches the committed trace"
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+"$venv/bin/python" -m parity.record_vllm --no-progress --out "$out/live.jsonl.gz"
+if ! cmp -s <(zcat "$out/live.jsonl.gz") <(zcat "$committed"); then
+  echo "live vLLM $version differs from $committed: re-record it" >&2
+  diff <(zcat "$out/live.jsonl.gz" | cut -c1-200) <(zcat "$committed" | cut -c1-200) \
+    | head -20 >&2
+  exit 1
+fi
+echo "live vLLM $version matches $committed"
+for path in each batch auto; do
+  "$python" -m parity.compare --trace "$out/live.jsonl.gz" --path "$path"
+done

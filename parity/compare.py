@@ -1,11 +1,10 @@
 """Compare servesim with recorded vLLM traces, step for step; print the first differing step.
 
-    python -m parity.compare [--trace FILE] [--path auto|each|batch] [--rules A,B,..]
-                             [--only NAME ...] [--show N]
+    python -m parity.compare [--trace FILE] [--path auto|each|batch] [--only NAME ...]
+                             [--show N]
 
 Exit status 0 when every configuration matches, 1 when some differ, 2 on bad
-input. `--rules` runs servesim with prototypes of vLLM's rules
-(parity/vllm_rules.py) instead of today's sim/core behaviour.
+input.
 """
 
 from __future__ import annotations
@@ -96,24 +95,16 @@ def compare_all(configs: list[ParityConfig], recorded: dict[str, RunResult], sid
 
 
 def main(argv: list[str] | None = None) -> int:
-    from parity import vllm_rules
     from parity.servesim_side import PATHS, ServesimSide
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     ap.add_argument("--path", default="auto", help=f"one of {', '.join(PATHS)}")
-    ap.add_argument("--rules", default="", help=f"comma-separated of {','.join(vllm_rules.RULES)}"
-                    " or 'all'")
     ap.add_argument("--only", nargs="+", metavar="NAME")
     ap.add_argument("--show", type=int, default=5, help="mismatches to print in full")
     args = ap.parse_args(argv)
     if args.path not in PATHS:
         print(f"--path: {args.path!r} is not one of {', '.join(PATHS)}", file=sys.stderr)
-        return 2
-    try:
-        rules = vllm_rules.parse_rules(args.rules)
-    except ValueError as exc:
-        print(f"--rules: {exc}", file=sys.stderr)
         return 2
     if not args.trace.exists():
         print(f"--trace: {args.trace} does not exist; record one with "
@@ -129,14 +120,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         configs = [c for c in configs if c.name in set(args.only)]
 
-    kv_cls, sched_cls = vllm_rules.classes(rules)
-    results, steps, secs = compare_all(
-        configs, recorded, lambda c: ServesimSide(c, args.path, kv_cls, sched_cls))
+    results, steps, secs = compare_all(configs, recorded, lambda c: ServesimSide(c, args.path))
     bad = [m for m in results if m is not None]
     for m in bad[:args.show]:
         print(m.describe())
-    print(f"vLLM {meta.get('vllm_version')} vs servesim (path {args.path}, rules "
-          f"{','.join(sorted(rules)) or 'none'}): {len(configs) - len(bad)}/{len(configs)} "
+    print(f"vLLM {meta.get('vllm_version')} vs servesim (path {args.path}): "
+          f"{len(configs) - len(bad)}/{len(configs)} "
           f"configurations identical; {steps} steps compared before any difference; "
           f"{1e3 * secs / max(1, len(configs)):.1f} ms per configuration")
     return 1 if bad else 0

@@ -10,7 +10,13 @@ request, so only a request's own generated blocks can ever be hit.
 The families cover what issue 14 lists: chunked prefill on and off, prefix
 caching with and without shared prefixes, tight memory with heavy
 preemption, simultaneous and staggered arrivals, watermark, max_num_seqs
-from 1 to 256, token budgets, and long prompts that need many chunks.
+from 1 to 256, token budgets, and long prompts that need many chunks; and
+beyond it: blocks of the same content computed twice and named twice
+(prefix_duplicates: identical block-aligned prompts, whose last block every
+request recomputes, under evictions), running sets in the hundreds
+(large_batch), and speculative decoding with k drafts per sequence (spec_ngram,
+spec_draft_model: vLLM's n-gram and draft-model methods), whose acceptance
+counts both sides take from `accepted_drafts`.
 Changing anything here changes every digest: re-record the vLLM traces.
 """
 
@@ -21,17 +27,19 @@ import json
 import random
 from dataclasses import asdict, dataclass
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 BLOCK_SIZE = 16
 VOCAB_SIZE = 32_000
 BASE_SEED = 14
 
-# family -> how many configurations it contributes (270 in all)
+# family -> how many configurations it contributes (370 in all)
 FAMILIES: dict[str, int] = {
     "mixed": 40, "chunked_off": 25, "prefix_shared": 35, "prefix_unique": 15, "tight": 35,
     "simultaneous": 20, "watermark": 20, "seqs_extremes": 20, "long_prompts": 20,
-    "small_budget": 20, "watermark_edge": 20,
+    "small_budget": 20, "watermark_edge": 20, "prefix_duplicates": 30, "large_batch": 15,
+    "spec_ngram": 30, "spec_draft_model": 25,
 }
+SPEC_METHODS = {"spec_ngram": "ngram", "spec_draft_model": "draft_model"}
 
 _SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _BUDGETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -60,6 +68,8 @@ class ParityConfig:
     watermark: float
     max_model_len: int
     requests: tuple[RequestSpec, ...]
+    speculative_tokens: int = 0  # k drafts per decoding sequence (0 = no speculative config)
+    speculative_method: str = "ngram"  # vLLM's SpeculativeConfig.method: ngram or draft_model
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -80,6 +90,19 @@ def output_token_id(request_id: int, index: int) -> int:
     return 1 + x % (VOCAB_SIZE - 1)
 
 
+def accepted_drafts(request_id: int, num_output: int, num_drafts: int) -> int:
+    """How many of a step's `num_drafts` drafts the fabricated verifier accepts.
+
+    A function of the request and how many tokens it had emitted before the
+    step, so both sides draw the same count while their decisions agree; a
+    third of the steps accept every draft, the rest are uniform.
+    """
+    if num_drafts <= 0:
+        return 0
+    x = output_token_id(request_id ^ 0x5BD1E995, num_output)
+    return num_drafts if x % 3 == 0 else (x // 3) % (num_drafts + 1)
+
+
 def generate_configs(families: dict[str, int] | None = None) -> list[ParityConfig]:
     """Every configuration, in a fixed order; the same list on every machine."""
     configs = []
@@ -92,6 +115,13 @@ def generate_configs(families: dict[str, int] | None = None) -> list[ParityConfi
 
 
 def _make(family: str, name: str, rng: random.Random) -> ParityConfig:
+    if family == "prefix_duplicates":
+        return _duplicates(name, rng)
+    if family == "large_batch":
+        return _large_batch(name, rng)
+    k = 0
+    if family in SPEC_METHODS:
+        k = rng.randint(1, 6)
     chunked = family != "chunked_off" and rng.random() < 0.75
     if family in ("prefix_shared", "prefix_unique"):
         prefix_caching = True
@@ -122,8 +152,9 @@ def _make(family: str, name: str, rng: random.Random) -> ParityConfig:
         budget = max(budget, max_model_len)  # vLLM refuses a smaller budget without chunking
 
     # the largest request must fit alone; "tight" gives little more than that
-    peak_blocks = max(-(-(len(p) + o - 1) // BLOCK_SIZE) for p, o in zip(prompts, outputs,
-                                                                          strict=True))
+    lookahead = k if family == "spec_draft_model" else 0
+    peak_blocks = max(-(-min(len(p) + o - 1 + k + lookahead, max_model_len) // BLOCK_SIZE)
+                      for p, o in zip(prompts, outputs, strict=True))
     load_blocks = sum(-(-(len(p) + o) // BLOCK_SIZE) for p, o in zip(prompts, outputs,
                                                                       strict=True))
     least = peak_blocks + 1  # + the null block
@@ -140,10 +171,70 @@ def _make(family: str, name: str, rng: random.Random) -> ParityConfig:
         whole = -(-least * watermark // 1) + rng.randint(0, 1)
         num_blocks = max(least, round(whole / watermark))
 
+    if family in SPEC_METHODS and family == "spec_draft_model":
+        budget = max(budget, 2)  # vLLM: the budget must exceed the draft slots
     requests = tuple(RequestSpec(i, arrivals[i], tuple(prompts[i]), outputs[i])
                      for i in range(n))
     return ParityConfig(name, family, num_blocks, BLOCK_SIZE, seqs, budget, chunked,
-                        prefix_caching, watermark, max_model_len, requests)
+                        prefix_caching, watermark, max_model_len, requests, k,
+                        SPEC_METHODS.get(family, "ngram"))
+
+
+def _duplicates(name: str, rng: random.Random) -> ParityConfig:
+    """Identical block-aligned prompts under evictions: vLLM names every recomputed copy.
+
+    A request whose whole prompt is cached still computes its last block (the
+    last token's logits are needed), so each repeat of a block-aligned prompt
+    fills a second block with the same content; vLLM keeps both named, so the
+    copy goes to the back of the free queue and serves hits once the first is
+    evicted. A tight pool makes the evictions happen.
+    """
+    chunked = rng.random() < 0.7
+    prompts_pool = [[rng.randint(1, VOCAB_SIZE - 1) for _ in range(BLOCK_SIZE * rng.randint(1, 12))]
+                    for _ in range(rng.randint(1, 4))]
+    n = rng.randint(8, 40)
+    prompts = []
+    for _ in range(n):
+        prompt = list(rng.choice(prompts_pool))
+        if rng.random() < 0.25:  # a short suffix: a partial last block, hits up to the prefix
+            prompt += [rng.randint(1, VOCAB_SIZE - 1) for _ in range(rng.randint(1, 20))]
+        prompts.append(prompt)
+    outputs = [rng.randint(1, rng.choice((4, 16, 48))) for _ in range(n)]
+    arrivals = _arrivals(rng, n, simultaneous=False)
+    seqs = rng.choice((2, 4, 8, 16, 32))
+    max_model_len = max(len(p) + o for p, o in zip(prompts, outputs, strict=True))
+    budget = max(rng.choice((32, 64, 128, 256, 512)), seqs)
+    if not chunked:
+        budget = max(budget, max_model_len)
+    least = 1 + max(-(-(len(p) + o - 1) // BLOCK_SIZE) for p, o in zip(prompts, outputs,
+                                                                         strict=True))
+    num_blocks = least + rng.randint(0, least)
+    watermark = rng.choice((0.0, 0.0, 0.05))
+    requests = tuple(RequestSpec(i, arrivals[i], tuple(prompts[i]), outputs[i])
+                     for i in range(n))
+    return ParityConfig(name, "prefix_duplicates", num_blocks, BLOCK_SIZE, seqs, budget,
+                        chunked, True, watermark, max_model_len, requests)
+
+
+def _large_batch(name: str, rng: random.Random) -> ParityConfig:
+    """Running sets in the hundreds, where servesim's array path does the work."""
+    prefix_caching = rng.random() < 0.5
+    n = rng.randint(100, 260)
+    prompts = _prompts(rng, n, rng.choice((64, 200, 600)), prefix_caching and rng.random() < 0.6,
+                       False)
+    outputs = [rng.randint(1, rng.choice((16, 64, 128))) for _ in range(n)]
+    arrivals = _arrivals(rng, n, simultaneous=rng.random() < 0.3)
+    seqs = rng.choice((128, 192, 256))
+    budget = rng.choice((512, 1024, 2048, 8192))
+    max_model_len = max(len(p) + o for p, o in zip(prompts, outputs, strict=True))
+    load = sum(-(-(len(p) + o) // BLOCK_SIZE) for p, o in zip(prompts, outputs, strict=True))
+    least = 1 + max(-(-(len(p) + o - 1) // BLOCK_SIZE) for p, o in zip(prompts, outputs,
+                                                                         strict=True))
+    num_blocks = max(least, int(load * rng.uniform(0.3, 1.1)))
+    requests = tuple(RequestSpec(i, arrivals[i], tuple(prompts[i]), outputs[i])
+                     for i in range(n))
+    return ParityConfig(name, "large_batch", num_blocks, BLOCK_SIZE, seqs, budget, True,
+                        prefix_caching, 0.0, max_model_len, requests)
 
 
 def _prompts(rng: random.Random, n: int, max_len: int, shared: bool, long: bool

@@ -26,6 +26,7 @@ from parity.configs import (
     GENERATOR_VERSION,
     ParityConfig,
     RequestSpec,
+    accepted_drafts,
     generate_configs,
     output_token_id,
 )
@@ -55,8 +56,19 @@ class VllmSide:
         cache = v.CacheConfig(block_size=config.block_size,
                               enable_prefix_caching=config.prefix_caching)
         cache.num_gpu_blocks = config.num_blocks
+        extra = {}
+        if config.speculative_tokens:
+            kw: dict = {"method": config.speculative_method,
+                        "num_speculative_tokens": config.speculative_tokens}
+            if config.speculative_method == "ngram":
+                kw.update(prompt_lookup_max=3, prompt_lookup_min=1)
+            else:  # a draft model needs only its config too
+                kw.update(model=str(MODEL_DIR), target_model_config=model,
+                          target_parallel_config=v.ParallelConfig())
+            extra["speculative_config"] = v.SpeculativeConfig(**kw)
         vllm_config = v.VllmConfig(model_config=model, scheduler_config=sched,
-                                   cache_config=cache, device_config=v.DeviceConfig(device="cpu"))
+                                   cache_config=cache, device_config=v.DeviceConfig(device="cpu"),
+                                   **extra)
         _check_effective(vllm_config, config)
         spec = v.FullAttentionSpec(block_size=config.block_size, num_kv_heads=2, head_size=16,
                                    dtype=v.torch.float32)
@@ -65,6 +77,7 @@ class VllmSide:
         self.sched = v.Scheduler(vllm_config, kv_config, v.StructuredOutputManager(vllm_config),
                                  block_size=config.block_size)
         self.hasher = v.get_request_block_hasher(config.block_size, v.sha256)
+        self.k = config.speculative_tokens
         self.requests: dict[str, object] = {}
         self._out = None
 
@@ -84,7 +97,10 @@ class VllmSide:
                          for rid, n in out.num_scheduled_tokens.items() if rid not in running)
         preempted = tuple(int(rid) for rid in out.preempted_req_ids)
         free = self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
-        return Scheduled(scheduled, preempted, admitted, free)
+        spec = out.scheduled_spec_decode_tokens
+        drafts = tuple((int(rid), len(spec[rid])) for rid in out.num_scheduled_tokens
+                       if spec.get(rid))
+        return Scheduled(scheduled, preempted, admitted, free, drafts)
 
     def step_done(self) -> list[int]:
         out, self._out = self._out, None
@@ -92,16 +108,25 @@ class VllmSide:
         sampled = []
         for rid in ids:
             req = self.requests[rid]
-            # computed was advanced at schedule time: caught up = emits a token
+            # computed was advanced at schedule time: caught up = emits 1 + accepted drafts
             emits = req.num_computed_tokens >= req.num_tokens
-            sampled.append([output_token_id(int(rid), len(req.output_token_ids))] if emits
-                           else [])
+            done = len(req.output_token_ids)
+            count = 1 + accepted_drafts(int(rid), done, len(out.scheduled_spec_decode_tokens
+                                                            .get(rid, ())))
+            sampled.append([output_token_id(int(rid), done + j) for j in range(count)]
+                           if emits else [])
         mro = self.v.ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in
                                                                      enumerate(ids)},
                                        sampled_token_ids=sampled)
         results = self.sched.update_from_output(out, mro)
-        return [int(o.request_id) for outs in results.values() for o in outs.outputs
-                if o.finish_reason is not None]
+        finished = [int(o.request_id) for outs in results.values() for o in outs.outputs
+                    if o.finish_reason is not None]
+        if self.k:  # the drafter proposes k tokens for every request that ran
+            live = [rid for rid in ids if int(rid) not in finished]
+            drafts = [[output_token_id(int(rid) + 7919, len(self.requests[rid].output_token_ids)
+                                       + j) for j in range(self.k)] for rid in live]
+            self.sched.update_draft_token_ids(self.v.DraftTokenIds(live, drafts))
+        return finished
 
     def has_unfinished(self) -> bool:
         return self.sched.get_num_unfinished_requests() > 0
@@ -111,9 +136,12 @@ def _check_effective(vllm_config, config: ParityConfig) -> None:
     """vLLM may adjust settings in its post-init; a silent change would fake a mismatch."""
     s, c = vllm_config.scheduler_config, vllm_config.cache_config
     got = (s.max_num_seqs, s.max_num_batched_tokens, s.enable_chunked_prefill,
-           c.enable_prefix_caching, s.watermark, vllm_config.model_config.max_model_len)
+           c.enable_prefix_caching, s.watermark, vllm_config.model_config.max_model_len,
+           vllm_config.num_speculative_tokens,
+           s.max_num_scheduled_tokens or s.max_num_batched_tokens)
     want = (config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill,
-            config.prefix_caching, config.watermark, config.max_model_len)
+            config.prefix_caching, config.watermark, config.max_model_len,
+            config.speculative_tokens, config.max_num_batched_tokens)
     if got != want:
         raise RuntimeError(f"{config.name}: vLLM changed the settings {want} to {got}")
 
@@ -129,13 +157,21 @@ class _Vllm:
         warnings.filterwarnings("ignore", message="Unable to find acceptable character")
         import torch
         import vllm
-        from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.config import (
+            CacheConfig,
+            DeviceConfig,
+            ModelConfig,
+            ParallelConfig,
+            SchedulerConfig,
+            SpeculativeConfig,
+            VllmConfig,
+        )
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
         from vllm.v1.request import Request
         from vllm.v1.structured_output import StructuredOutputManager
 
@@ -151,6 +187,8 @@ class _Vllm:
         self.FullAttentionSpec, self.KVCacheConfig = FullAttentionSpec, KVCacheConfig
         self.KVCacheGroupSpec, self.ModelRunnerOutput = KVCacheGroupSpec, ModelRunnerOutput
         self.Request, self.StructuredOutputManager = Request, StructuredOutputManager
+        self.ParallelConfig, self.SpeculativeConfig = ParallelConfig, SpeculativeConfig
+        self.DraftTokenIds = DraftTokenIds
         defaults = SchedulerConfig.default_factory()
         self.defaults = {"scheduler_reserve_full_isl": defaults.scheduler_reserve_full_isl,
                          "watermark": defaults.watermark, "policy": defaults.policy,

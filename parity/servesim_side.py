@@ -2,14 +2,13 @@
 
 `path` picks the scheduler's implementation, since both must make vLLM's
 decisions: "auto" (the default hysteresis), "each" (the per-request path
-only) or "batch" (the array path from the first running request on).
-`kv_cls` and `sched_cls` let parity.vllm_rules swap in prototypes of the
-changes that sim/core needs, without touching it.
+only) or "batch" (the array path from the first running request on; with
+speculation the scheduler runs the per-request path whatever it is told).
 """
 
 from __future__ import annotations
 
-from parity.configs import ParityConfig, RequestSpec
+from parity.configs import ParityConfig, RequestSpec, accepted_drafts
 from parity.steps import Scheduled
 from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepPlan, StepResult
@@ -20,16 +19,17 @@ PATHS = {"auto": 24, "each": 1 << 30, "batch": 1}  # -> ContinuousScheduler(vect
 
 
 class ServesimSide:
-    def __init__(self, config: ParityConfig, path: str = "auto",
-                 kv_cls: type[PagedBlockManager] = PagedBlockManager,
-                 sched_cls: type[ContinuousScheduler] = ContinuousScheduler) -> None:
+    def __init__(self, config: ParityConfig, path: str = "auto") -> None:
         if path not in PATHS:
             raise ValueError(f"path must be one of {sorted(PATHS)}, got {path!r}")
-        self.kv = kv_cls(config.num_blocks, config.block_size, watermark=config.watermark,
-                         enable_prefix_cache=config.prefix_caching)
-        self.sched = sched_cls(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                               config.chunked_prefill, max_model_len=config.max_model_len,
-                               vectorize_at=PATHS[path])
+        self.kv = PagedBlockManager(config.num_blocks, config.block_size,
+                                    watermark=config.watermark,
+                                    enable_prefix_cache=config.prefix_caching)
+        self.sched = ContinuousScheduler(
+            self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill,
+            max_model_len=config.max_model_len, vectorize_at=PATHS[path],
+            speculative_tokens=config.speculative_tokens,
+            speculative_method=config.speculative_method)
         self.requests: dict[int, Request] = {}
         self._plan: StepPlan | None = None
         self._now = 0.0  # servesim's continuous policy reads no time; steps count it
@@ -51,19 +51,31 @@ class ServesimSide:
                           if r.num_preemptions > before[rid])
         scheduled: tuple[tuple[int, int], ...] = ()
         admitted: tuple[tuple[int, int], ...] = ()
+        drafts: tuple[tuple[int, int], ...] = ()
         if plan is not None:
             scheduled = tuple(zip(plan.request_ids, plan.num_new_tokens, strict=True))
             admitted = tuple((rid, context) for rid, context in
                              zip(plan.request_ids, plan.context_tokens, strict=True)
                              if rid in waiting)
-        return Scheduled(scheduled, preempted, admitted, self.kv.num_free_blocks)
+            drafts = tuple((rid, k) for rid, k in zip(plan.request_ids, plan.num_spec_tokens,
+                                                      strict=False) if k)
+        return Scheduled(scheduled, preempted, admitted, self.kv.num_free_blocks, drafts)
+
+    def _result(self, plan: StepPlan) -> StepResult:
+        """The fabricated verifier: 1 + accepted drafts per emitting sequence (plan order)."""
+        if not plan.num_spec_tokens:
+            return StepResult()
+        return StepResult(num_emitted=tuple(
+            1 + accepted_drafts(rid, self.requests[rid].num_output_done, k)
+            for rid, k, emits in zip(plan.request_ids, plan.num_spec_tokens, plan.emits_token,
+                                     strict=True) if emits))
 
     def step_done(self) -> list[int]:
         plan, self._plan = self._plan, None
         self._now += 1.0
         if plan is None:
             return []
-        finished = self.sched.on_step_done(plan, StepResult(), self._now)
+        finished = self.sched.on_step_done(plan, self._result(plan), self._now)
         for req in finished:
             del self.requests[req.request_id]
         return [req.request_id for req in finished]

@@ -2,9 +2,10 @@
 
 A side wraps one scheduler (vLLM's or servesim's) behind `Side`. The loop adds
 the requests whose arrival step has come, asks for a step, applies it (every
-request that completed its known tokens emits one token) and records what was
-decided. A step that schedules nothing and preempts no one leaves the state as
-it was, so the loop jumps to the next arrival; with none left that is a
+request that completed its known tokens emits one token, or with drafts 1 +
+configs.accepted_drafts of them) and records what was decided. A step that
+schedules nothing and preempts no one leaves the state as it was, so the
+loop jumps to the next arrival; with none left that is a
 livelock and the run stops with an error. Both sides therefore number their
 steps identically as long as their decisions agree.
 """
@@ -26,7 +27,9 @@ class StepRecord:
     `scheduled`: (request id, tokens) in the scheduler's order; `admitted`:
     (request id, prefix-hit tokens) for each request admitted this step (new or
     resumed); `free_blocks`: free KV blocks right after scheduling (cached but
-    unreferenced blocks count as free, as in both pools).
+    unreferenced blocks count as free, as in both pools); `drafts`: (request id,
+    draft tokens among its scheduled ones) for each that verifies drafts, in the
+    scheduler's order.
     """
 
     step: int
@@ -35,16 +38,19 @@ class StepRecord:
     finished: tuple[int, ...]
     admitted: tuple[tuple[int, int], ...]
     free_blocks: int
+    drafts: tuple[tuple[int, int], ...] = ()
 
     def to_json(self) -> list:
         return [self.step, [list(x) for x in self.scheduled], list(self.preempted),
-                list(self.finished), [list(x) for x in self.admitted], self.free_blocks]
+                list(self.finished), [list(x) for x in self.admitted], self.free_blocks,
+                [list(x) for x in self.drafts]]
 
     @classmethod
     def from_json(cls, row: list) -> StepRecord:
-        step, scheduled, preempted, finished, admitted, free = row
+        step, scheduled, preempted, finished, admitted, free, drafts = row
         return cls(step, tuple((a, b) for a, b in scheduled), tuple(preempted),
-                   tuple(finished), tuple((a, b) for a, b in admitted), free)
+                   tuple(finished), tuple((a, b) for a, b in admitted), free,
+                   tuple((a, b) for a, b in drafts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,7 @@ class Scheduled:
     preempted: tuple[int, ...]
     admitted: tuple[tuple[int, int], ...]
     free_blocks: int
+    drafts: tuple[tuple[int, int], ...] = ()
 
 
 class Side(Protocol):
@@ -63,7 +70,7 @@ class Side(Protocol):
     def schedule(self) -> Scheduled: ...
 
     def step_done(self) -> list[int]:
-        """Apply the last schedule(): one token per request that caught up; finished ids."""
+        """Apply the last schedule(): tokens for each request that caught up; finished ids."""
         ...
 
     def has_unfinished(self) -> bool: ...
@@ -96,7 +103,8 @@ def run_config(config: ParityConfig, side: Side, max_steps: int = MAX_STEPS) -> 
             out = side.schedule()
             finished = side.step_done()
             records.append(StepRecord(step, out.scheduled, tuple(sorted(out.preempted)),
-                                      tuple(sorted(finished)), out.admitted, out.free_blocks))
+                                      tuple(sorted(finished)), out.admitted, out.free_blocks,
+                                      out.drafts))
             if not out.scheduled and not out.preempted:
                 if i == len(pending):
                     error = f"livelock at step {step}: nothing runnable, requests left"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from parity.steps import RunResult, StepRecord
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a step's drafts
 
 
 def write_trace(path: Path, metadata: dict, runs: Iterable[RunResult]) -> None:

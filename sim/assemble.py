@@ -97,6 +97,8 @@ def scheduler_settings(scenario: Scenario, device: str | None = None) -> Schedul
         max_wait_s=None if cfg.max_wait_ms is None else cfg.max_wait_ms / 1e3,
         preemption=cfg.preemption,
         speculative_tokens=scenario.speculative.num_tokens,  # validated: continuous only
+        speculative_method="ngram" if scenario.speculative.draft_spec is None else "draft_model",
+        scheduler_reserve_full_isl=cfg.scheduler_reserve_full_isl,
         cuda_graphs=scenario.engine.uses_cuda_graphs(device),
     )
 

@@ -7,8 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
-from reference_scheduler import ReferenceContinuousScheduler, ReferencePagedBlockManager
-from test_continuous_scheduler import _lockstep
+from test_continuous_scheduler import drive
 
 from sim.config.scenario import Scenario
 from sim.core.contiguous import ContiguousAllocator
@@ -120,17 +119,38 @@ def test_cached_prefix_tokens_is_zero_without_a_cache() -> None:
         assert kv.num_evictions == 0 and kv.num_hit_tokens == 0
 
 
-def test_caching_without_prefix_ids_keeps_the_reference_plans() -> None:
+def test_without_prefix_ids_a_request_hits_only_its_own_blocks() -> None:
+    """Content no id describes is the request's own (vLLM names every block): no request
+    hits another's, and one preempted by recompute resumes from its cached prompt and
+    output blocks instead of recomputing them all."""
     rng = random.Random(3)
     spec = [(rng.uniform(0, 2), rng.randint(1, 300), rng.randint(1, 60)) for _ in range(200)]
-    for vectorize_at in (1, 10**9):
-        fast = ContinuousScheduler(PagedBlockManager(300, 16, 0.01, enable_prefix_cache=True),
-                                   64, 1024, True, None, vectorize_at)
-        ref = ReferenceContinuousScheduler(ReferencePagedBlockManager(300, 16, 0.01),
-                                           64, 1024, True, None)
+    resumed = {}
+    for caching in (False, True):
+        kv = PagedBlockManager(120, 16, 0.0, enable_prefix_cache=caching)
+        sched = ContinuousScheduler(kv, 64, 1024)
         requests = [Request(i, a, p, o) for i, (a, p, o) in enumerate(spec)]
-        twins = [Request(i, a, p, o) for i, (a, p, o) in enumerate(spec)]
-        assert _lockstep(requests, twins, fast, ref, lambda s: 0.005 + 2e-6 * s.num_tokens)
+        seen: set[int] = set()
+        preempted: set[int] = set()
+        hits: list[int] = []  # context of each re-admission after a preemption
+
+        def check(plan, seen=seen, preempted=preempted, hits=hits) -> None:
+            for rid, ctx in zip(plan.request_ids, plan.context_tokens, strict=True):
+                if rid not in seen:
+                    assert ctx == 0, "a first admission hit another request's blocks"
+                    seen.add(rid)
+                elif rid in preempted:
+                    hits.append(ctx)
+                    preempted.discard(rid)
+            preempted.update(plan.preempted_ids)
+
+        drive(sched, requests, check=check)
+        assert len(hits) > 20, "a tight pool preempts"
+        assert all(r.prefix_hit_tokens == 0 for r in requests)
+        assert kv.num_hit_tokens == sum(hits)
+        resumed[caching] = hits
+    assert not any(resumed[False]) and all(ctx % 16 == 0 for ctx in resumed[True])
+    assert sum(ctx > 0 for ctx in resumed[True]) > len(resumed[True]) // 2
 
 
 def shared_prefix_workload(seed: int, n: int, unit: int, spacing_s: float
@@ -273,3 +293,72 @@ def test_scenario_reports_hit_rate_only_with_caching(tmp_path: Path) -> None:
     assert "Prefix hit rate" in format_summary(on_)
     assert "Prefix hit rate" not in format_summary(off)
     assert on_["completed"] == off["completed"] == 120
+
+
+def test_a_prefix_scheduled_this_step_is_hit_by_a_later_admission() -> None:
+    """vLLM names a block when it is allocated for the step that fills it."""
+    kv = PagedBlockManager(40, 4, watermark=0.0, enable_prefix_cache=True)
+    sched = ContinuousScheduler(kv, 4, 64)
+    prompt = tuple(range(100, 118))  # 18 tokens: 4 full blocks
+    for rid in (0, 1):
+        sched.add(Request(rid, 0.0, 18, 2, prompt_token_ids=prompt), 0.0)
+    plan = sched.schedule(0.0)
+    # both admitted in one step; the second finds the first's 4 blocks, being computed
+    assert plan.request_ids == (0, 1) and plan.context_tokens == (0, 16)
+    assert plan.num_new_tokens == (18, 2) and plan.block_tables[1][:4] == plan.block_tables[0][:4]
+
+
+def test_freed_blocks_named_to_the_back_unnamed_to_the_front() -> None:
+    kv = PagedBlockManager(8, 4, watermark=0.0, enable_prefix_cache=True)  # blocks 1..7
+    req = Request(0, 0.0, 10, 1, prompt_token_ids=tuple(range(10)))  # 2 full blocks + 2 tokens
+    assert kv.allocate(0, 10, request=req) == 0 and kv.block_table(0) == (1, 2, 3)
+    kv.cache_computed(0, 10)
+    kv.free(0)  # tail first: block 3 (no name) to the front; 2 then 1 (named) to the back
+    assert kv.allocate(1, 4) == 0 and kv.block_table(1) == (3,)
+    assert kv.allocate(2, 16) == 0 and kv.block_table(2) == (4, 5, 6, 7)
+    assert kv.num_evictions == 0
+    assert kv.allocate(3, 4) == 0 and kv.block_table(3) == (2,)  # the least recent name goes
+    # only block 1's child went: the prefix still hits its first block
+    assert kv.num_evictions == 1 and kv.cached_prefix_tokens(Request(
+        9, 0.0, 10, 1, prompt_token_ids=tuple(range(10)))) == 4
+    kv.check_invariants()
+
+
+def test_a_recomputed_copy_is_named_and_serves_once_the_first_is_evicted() -> None:
+    """A block-aligned prompt's last block is recomputed by every repeat (its last token's
+    logits are needed); vLLM names the copy too, and hits find it when the first goes."""
+    kv = PagedBlockManager(9, 4, watermark=0.0, enable_prefix_cache=True)  # blocks 1..8
+    prompt = tuple(range(8))  # two full blocks
+    a, b = (Request(rid, 0.0, 8, 1, prompt_token_ids=prompt) for rid in (0, 1))
+    assert kv.allocate(0, 8, request=a) == 0
+    kv.cache_computed(0, 8)
+    assert kv.allocate(1, 8, request=b) == 4  # block 0 hit, block 1 computed again
+    kv.cache_computed(1, 8)
+    first, copy = kv.block_table(0)[1], kv.block_table(1)[1]
+    assert first != copy and kv.block_hash(first) == kv.block_hash(copy) is not None
+    assert kv.num_cached_blocks == 3
+    kv.free(0)
+    kv.free(1)  # queue: the 5 never used, then first, copy, the shared block 0
+    assert kv.allocate(2, 24) == 0 and first in kv.block_table(2)  # evicts the first copy
+    assert kv.num_evictions == 1
+    kv.free(2)  # never computed: its blocks go to the front unnamed
+    longer = Request(3, 0.0, 12, 1, prompt_token_ids=prompt + (50, 51, 52, 53))
+    assert kv.cached_prefix_tokens(longer) == 8  # the copy serves the hit
+    assert kv.allocate(3, 12, request=longer) == 8 and kv.block_table(3)[1] == copy
+    kv.check_invariants()
+
+
+def test_a_preempted_request_resumes_from_its_prompt_and_output_blocks() -> None:
+    kv = PagedBlockManager(50, 4, watermark=0.0, enable_prefix_cache=True)
+    req = Request(0, 0.0, 10, 30, prompt_token_ids=tuple(range(10)))
+    assert kv.allocate(0, 10, request=req) == 0
+    req.num_output_done = 12  # 12 tokens emitted, 21 of the 22 known computed
+    kv.append_slots(0, 21)
+    kv.cache_computed(0, 21)  # 5 full blocks: 2 of prompt, 1 mixed, 2 of output
+    kv.free(0)  # recompute preemption
+    # vLLM looks up to known - 1 tokens: every full block, generated ones included
+    assert kv.cached_prefix_tokens(req) == 20
+    other = Request(1, 0.0, 22, 1, prompt_token_ids=tuple(range(22)))
+    assert kv.cached_prefix_tokens(other) == 8  # the generated blocks are the request's own
+    assert kv.allocate(0, 22, request=req) == 20
+    kv.check_invariants()

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference_scheduler import ReferenceContinuousScheduler, ReferencePagedBlockManager
 
 from sim.assemble import kv_budget
 from sim.cli import main
@@ -134,11 +133,59 @@ def test_a_speculative_decode_is_scheduled_as_the_contract_says() -> None:
     sched.on_step_done(plan, StepResult(num_emitted=(2,)), 2.0)  # one draft accepted
     assert (req.num_output_done, req.num_computed_tokens) == (3, 12)  # 2 drafts rolled back
     plan = sched.schedule(2.0)
-    # 3 tokens left to emit: the last emitted one plus at most 2 drafts
-    assert plan.num_spec_tokens == (2,) and plan.context_tokens == (12,)
-    sched.on_step_done(plan, StepResult(num_emitted=(3,)), 3.0)
+    # 3 tokens left to emit: vLLM still verifies all 3 drafts ...
+    assert plan.num_spec_tokens == (3,) and plan.context_tokens == (12,)
+    sched.on_step_done(plan, StepResult(num_emitted=(4,)), 3.0)
+    # ... and stops at max_tokens: the 4th token is discarded, though it counts as accepted
     assert req.state is RequestState.FINISHED and req.num_output_done == 6
+    assert (req.spec_drafted, req.spec_accepted) == (6, 4)
     assert kv.num_used_blocks == 0
+
+
+def test_drafts_stop_at_max_model_len() -> None:
+    kv = PagedBlockManager(100, 4)
+    sched = ContinuousScheduler(kv, 4, 64, max_model_len=16, speculative_tokens=4)
+    req = Request(0, 0.0, prompt_tokens=11, output_tokens=5)  # 16 tokens: the whole context
+    steps = drive_spec(sched, [req], AcceptanceSampler(FixedAcceptance(0.0)))
+    # no position past max_model_len - 1 = 15: drafts shrink as the context fills
+    assert [p.num_spec_tokens for p, _ in steps[1:]] == [(3,), (2,), (1,), ()]
+    assert all(p.context_tokens[0] + p.num_new_tokens[0] <= 15 for p, _ in steps)
+
+
+def test_a_decode_admitted_among_decodes_is_padded_to_k_plus_1() -> None:
+    """vLLM pads an admission with one token left to 1 + k drafts (the CUDA-graph shape)."""
+    kv = PagedBlockManager(100, 16, enable_prefix_cache=True)
+    sched = ContinuousScheduler(kv, 4, 256, speculative_tokens=3)
+    prompt = tuple(range(17))  # one full block and one token
+    a = Request(0, 0.0, 17, 10, prompt_token_ids=prompt)
+    b = Request(1, 0.0, 17, 10, prompt_token_ids=prompt)
+    sched.add(a, 0.0)
+    sched.on_step_done(sched.schedule(0.0), StepResult(), 1.0)  # a's prompt: no drafts
+    sched.add(b, 1.0)  # b finds a's full block cached: one token left to compute
+    plan = sched.schedule(1.0)
+    assert plan.request_ids == (0, 1) and plan.context_tokens == (17, 16)
+    assert plan.num_new_tokens == (4, 4) and plan.num_spec_tokens == (3, 3)
+    assert plan.shape.num_decodes == plan.shape.num_spec_decodes == 2
+    sched.on_step_done(plan, StepResult(num_emitted=(2, 3)), 2.0)
+    assert (b.num_output_done, b.first_token_s, b.num_computed_tokens) == (3, 2.0, 19)
+
+
+def test_draft_model_method_costs_a_budget_slot_per_request_and_k_kv_slots() -> None:
+    plans = {}
+    for method in ("ngram", "draft_model"):
+        kv = PagedBlockManager(100, 4)
+        sched = ContinuousScheduler(kv, 4, 61, speculative_tokens=2, speculative_method=method)
+        for rid in (0, 1):
+            sched.add(Request(rid, 0.0, 30, 5), 0.0)
+        plans[method] = sched.schedule(0.0)
+    # n-gram: two 30-token prompts fit 61; a draft model takes one slot per request
+    assert plans["ngram"].num_new_tokens == (30, 30)
+    assert plans["draft_model"].num_new_tokens == (30, 29)
+    # and its drafter writes k tokens past the scheduled ones: KV for 32 tokens, 8 blocks
+    assert [len(t) for t in plans["ngram"].block_tables] == [8, 8]  # 30 tokens
+    assert [len(t) for t in plans["draft_model"].block_tables] == [8, 8]  # 32 and 31 tokens
+    with pytest.raises(ValueError, match="speculative_method"):
+        ContinuousScheduler(PagedBlockManager(10, 4), speculative_method="eagle")
 
 
 def test_budget_caps_drafts() -> None:
@@ -175,14 +222,10 @@ def test_kv_never_leaks_speculative_blocks(spec, num_blocks, block_size, max_seq
 
     def check(plan: StepPlan, _result: StepResult) -> None:
         assert plan.shape.num_tokens <= budget
-        for rid, new, ctx, k_i in zip(plan.request_ids, plan.num_new_tokens,
-                                      plan.context_tokens,
-                                      plan.num_spec_tokens or (0,) * plan.batch_size,
-                                      strict=True):
-            if k_i:  # a decode: its context is prompt + done - 1 before the step
-                r = reqs[rid]
-                done_before = ctx + 1 - r.prompt_tokens
-                assert new == 1 + k_i and k_i <= min(k, r.output_tokens - done_before - 1)
+        for new, ctx, k_i in zip(plan.num_new_tokens, plan.context_tokens,
+                                 plan.num_spec_tokens or (0,) * plan.batch_size, strict=True):
+            if k_i:  # a decode verifying at most k drafts, never past max_model_len - 1
+                assert new == 1 + k_i and k_i <= k and ctx + new <= 199
         for r in sched.running:  # drafts held past a step: at most k token slots
             if pool != "contiguous":  # (a contiguous table shows its whole reservation)
                 assert len(kv.block_table(r.request_id)) <= kv.blocks_for(
@@ -193,33 +236,6 @@ def test_kv_never_leaks_speculative_blocks(spec, num_blocks, block_size, max_seq
     assert kv.num_used_blocks == 0
     for r in reqs:
         assert r.state is RequestState.REJECTED or r.num_output_done == r.output_tokens
-
-
-def test_speculation_off_gives_exactly_the_old_plans() -> None:
-    rng = np.random.default_rng(5)
-    spec = sorted((float(a), int(p), int(o)) for a, p, o in zip(
-        rng.uniform(0, 2, 150), rng.integers(1, 500, 150), rng.integers(1, 90, 150),
-        strict=True))
-    new = ContinuousScheduler(PagedBlockManager(300, 16), 64, 512, speculative_tokens=0)
-    ref = ReferenceContinuousScheduler(ReferencePagedBlockManager(300, 16), 64, 512)
-    mine, theirs = ([Request(i, *s) for i, s in enumerate(spec)] for _ in range(2))
-    now, i, plans = 0.0, 0, []
-    while i < len(spec) or ref.has_unfinished():
-        while i < len(spec) and spec[i][0] <= now:  # arrivals are sorted below
-            assert new.add(mine[i], now) == ref.add(theirs[i], now)
-            i += 1
-        plan, want = new.schedule(now), ref.schedule(now)
-        assert plan == want
-        if plan is None:
-            now = spec[i][0]
-            continue
-        assert plan.num_spec_tokens == ()
-        plans.append(plan)
-        now += 0.01 + 1e-5 * plan.shape.num_tokens
-        assert ([r.request_id for r in new.on_step_done(plan, StepResult(), now)]
-                == [r.request_id for r in ref.on_step_done(want, StepResult(), now)])
-    assert any(p.preempted_ids for p in plans), "the pool must be tight enough to preempt"
-    assert len(plans) > 100
 
 
 def _spec_plan(rids: tuple[int, ...], k: int = 4) -> StepPlan:

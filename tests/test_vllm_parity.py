@@ -2,60 +2,49 @@
 
 parity/record_vllm.py ran vLLM's v1 Scheduler on every configuration of
 parity/configs.py; here servesim replays the same configurations through the
-same step loop and must make the same decision at every step. The
-configurations where today's servesim differs are listed, each with its cause
-(A-E, see parity/NOTES.md), in parity/known_mismatches.json and marked xfail
-strict: a fix that makes one match turns its XFAIL into a failure until the
-list is regenerated (python -m parity.classify --json parity/known_mismatches.json).
+same step loop and must make the same decision at every step, on every
+scheduling path it has: the per-request path, the array path, and the
+default that switches between them (speculation has the per-request path
+only). The recorded trace is the scheduler's oracle; a newer vLLM is
+`python -m parity.record_vllm` in its venv (parity/NOTES.md).
 """
 
 from __future__ import annotations
 
 import ast
-import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from parity.compare import DEFAULT_TRACE, first_difference, load_recorded
-from parity.configs import FAMILIES, generate_configs
+from parity.configs import FAMILIES, SPEC_METHODS, generate_configs
 from parity.servesim_side import ServesimSide
 from parity.steps import RunResult, StepRecord, run_config
-from parity.vllm_rules import RULES, classes
 
 PARITY = Path(__file__).resolve().parent.parent / "parity"
 CONFIGS = generate_configs()
 BY_NAME = {c.name: c for c in CONFIGS}
 META, RECORDED = load_recorded(DEFAULT_TRACE)
-KNOWN = {row["name"]: row["causes"]
-         for row in json.loads((PARITY / "known_mismatches.json").read_text())["rows"]}
 
 
 def _cases() -> list:
     cases = []
     for config in CONFIGS:
-        causes = KNOWN.get(config.name)
-        marks = [pytest.mark.xfail(strict=True, reason=f"servesim differs from vLLM: cause "
-                                   f"{'+'.join(causes)} (parity/NOTES.md)")] if causes else []
-        cases.append(pytest.param(config.name, marks=marks, id=config.name))
+        paths = ("each",) if config.speculative_tokens else ("each", "batch", "auto")
+        cases += [pytest.param(config.name, path, id=f"{config.name}-{path}") for path in paths]
     return cases
-
-
-def _servesim(name: str, path: str = "auto", rules: frozenset[str] = frozenset()) -> RunResult:
-    config = BY_NAME[name]
-    kv_cls, sched_cls = classes(rules)
-    return run_config(config, ServesimSide(config, path, kv_cls, sched_cls))
 
 
 def test_recorded_trace_is_vllm_0_32_on_these_configurations() -> None:
     assert META["scheduler"] == "vllm" and META["vllm_version"] == "0.32.0"
-    assert META["vllm_scheduler_defaults"]["scheduler_reserve_full_isl"] is True
+    defaults = META["vllm_scheduler_defaults"]
+    assert defaults["scheduler_reserve_full_isl"] is True and defaults["watermark"] == 0.0
     assert set(RECORDED) == set(BY_NAME)
     stale = [n for n, run in RECORDED.items() if run.digest != BY_NAME[n].digest]
     assert not stale, f"re-record: the generator changed {stale[:3]}"
     errors = {n: run.error for n, run in RECORDED.items() if run.error}
     assert not errors, errors
-    assert set(KNOWN) <= set(BY_NAME)
 
 
 def test_configurations_cover_what_issue_14_asks_for() -> None:
@@ -69,6 +58,9 @@ def test_configurations_cover_what_issue_14_asks_for() -> None:
     # many chunks: a prompt at least 8 budgets long
     assert any(len(r.prompt_token_ids) >= 8 * c.max_num_batched_tokens
                for c in CONFIGS if c.chunked_prefill for r in c.requests)
+    assert max(len(c.requests) for c in CONFIGS) >= 200  # running sets in the hundreds
+    assert {c.speculative_method for c in CONFIGS if c.speculative_tokens} == set(
+        SPEC_METHODS.values())
 
     def shares_a_block(c) -> bool:
         firsts = [r.prompt_token_ids[:c.block_size] for r in c.requests
@@ -76,34 +68,56 @@ def test_configurations_cover_what_issue_14_asks_for() -> None:
         return len(set(firsts)) < len(firsts)
     assert any(c.prefix_caching and shares_a_block(c) for c in CONFIGS)
     assert any(c.prefix_caching and not shares_a_block(c) for c in CONFIGS)
-    # and vLLM really was driven through prefix hits and heavy preemption
+    # and vLLM really was driven through prefix hits, heavy preemption and drafts
     hits = sum(hit > 0 for run in RECORDED.values() for s in run.steps for _, hit in s.admitted)
     preempted = max(sum(len(s.preempted) for s in run.steps) for run in RECORDED.values())
-    assert hits > 100 and preempted >= 50
+    drafting = sum(len(s.drafts) for run in RECORDED.values() for s in run.steps)
+    assert hits > 100 and preempted >= 50 and drafting > 1000
 
 
-@pytest.mark.parametrize("name", _cases())
-def test_servesim_makes_vllms_decisions(name: str) -> None:
-    mismatch = first_difference(RECORDED[name], _servesim(name))
+@pytest.mark.parametrize(("name", "path"), _cases())
+def test_servesim_makes_vllms_decisions(name: str, path: str) -> None:
+    config = BY_NAME[name]
+    mismatch = first_difference(RECORDED[name], run_config(config, ServesimSide(config, path)))
     assert mismatch is None, mismatch.describe()
 
 
-@pytest.mark.parametrize("path", ["auto", "each", "batch"])
-def test_vllm_rules_prototype_matches_every_known_mismatch(path: str) -> None:
-    """With A-E on (parity/vllm_rules.py) nothing is left unexplained, on every path."""
-    names = sorted(KNOWN) if path == "auto" else sorted(KNOWN)[::3]
-    bad = [m for m in (first_difference(RECORDED[n], _servesim(n, path, frozenset(RULES)))
-                       for n in names) if m is not None]
-    assert not bad, "\n".join(m.describe() for m in bad[:3])
+class _Watching(ServesimSide):
+    """The servesim side, counting the special cases its plans (= vLLM's) go through."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config, "each")
+        self.k, self.limit = config.speculative_tokens, config.max_model_len
+        self.seen = Counter()
+
+    def schedule(self):
+        waiting = {r.request_id for r in self.sched.waiting}
+        out = super().schedule()
+        named = [n for n in map(self.kv.block_hash, range(self.kv.num_blocks)) if n is not None]
+        self.seen["same-content blocks named twice"] += len(named) > len(set(named))
+        plan = self._plan
+        if plan is not None and plan.num_spec_tokens:
+            for rid, new, ctx, k_i in zip(plan.request_ids, plan.num_new_tokens,
+                                          plan.context_tokens, plan.num_spec_tokens, strict=True):
+                if k_i:
+                    req = self.requests[rid]
+                    self.seen["drafts past the output"] += \
+                        k_i > req.output_tokens - req.num_output_done - 1
+                    self.seen["drafts cut at max_model_len"] += \
+                        k_i < self.k and ctx + new == self.limit - 1
+                    self.seen["decodes padded at admission"] += rid in waiting
+        return out
 
 
-def test_each_known_cause_is_needed() -> None:
-    """A configuration listed with cause X differs again when only X is taken away."""
-    every = frozenset(RULES)
-    for cause in RULES:
-        name = next(n for n, causes in sorted(KNOWN.items()) if cause in causes)
-        assert first_difference(RECORDED[name], _servesim(name, rules=every - {cause})), \
-            f"{name} matches without rule {cause}"
+def test_the_recorded_runs_reach_vllms_special_cases() -> None:
+    """The configurations exercise what a simpler scheduler would get wrong."""
+    seen = Counter()
+    for config in CONFIGS:
+        if config.family == "prefix_duplicates" or config.speculative_tokens:
+            side = _Watching(config)
+            assert run_config(config, side).error is None
+            seen += side.seen
+    assert len(seen) == 4 and min(seen.values()) > 0, seen
 
 
 def test_first_difference_names_the_step_and_both_sides() -> None:
@@ -118,6 +132,9 @@ def test_first_difference_names_the_step_and_both_sides() -> None:
     assert first_difference(a, a) is None
     shorter = first_difference(a, RunResult("x", "d", (same,)))
     assert shorter is not None and shorter.fields == ("steps",) and shorter.index == 1
+    drafts = RunResult("x", "d", (StepRecord(0, ((0, 4),), (), (), (), 9, ((0, 3),)),))
+    other = RunResult("x", "d", (StepRecord(0, ((0, 4),), (), (), (), 9, ((0, 2),)),))
+    assert first_difference(drafts, other).fields == ("drafts",)
 
 
 def test_recorder_does_not_import_servesim() -> None:

@@ -81,6 +81,10 @@ class SchedulerConfig(StrictModel):
     max_output_tokens: int | None = Field(
         None, ge=1, description="output cap; contiguous KV reserves prompt + this (default: "
         "up to max_model_len, as servers without paging did); longer outputs are rejected")
+    scheduler_reserve_full_isl: bool = Field(
+        True, description="continuous: admit a request only when blocks for all its known "
+        "tokens fit, not just its first chunk (vLLM's setting of that name; false = vLLM "
+        "<= 0.18)")
 
     @model_validator(mode="after")
     def _decodes_fit_a_step(self) -> SchedulerConfig:
@@ -98,8 +102,9 @@ class KVConfig(StrictModel):
     block_size: int = Field(16, ge=1, description="tokens per KV block")
     dtype_bytes: float = Field(2.0, gt=0.0, description="bytes per KV value (2 = bf16/fp16, "
                                "1 = fp8); also the weights' bytes per parameter")
-    watermark: float = Field(0.01, ge=0.0, lt=1.0, description="share of blocks kept free "
-                             "when admitting, to avoid instant preemption")
+    watermark: float = Field(0.0, ge=0.0, lt=1.0, description="share of blocks (the null "
+                             "block included) an admission leaves free while others run, "
+                             "as vLLM's scheduler watermark (default 0, as vLLM's)")
     num_blocks: int | None = Field(
         None, ge=2, le=MAX_BLOCKS, description="override the pool size derived from the "
         "memory left after weights and activations (counts the null block)")

@@ -25,7 +25,7 @@ from sim.core.request import Request
 class ContiguousAllocator:
     """First-fit reservations of consecutive blocks; the same calls as PagedBlockManager."""
 
-    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.01) -> None:
+    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (one is the null block), got {num_blocks}")
         if block_size < 1:
@@ -34,7 +34,7 @@ class ContiguousAllocator:
             raise ValueError(f"watermark must be in [0, 1), got {watermark}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.watermark_blocks = int(watermark * (num_blocks - 1))
+        self.watermark_blocks = int(watermark * num_blocks)  # as the paged pool
         # holes: start -> length, with their starts sorted; never two adjacent holes
         self._hole_starts: list[int] = [1]
         self._hole_len: dict[int, int] = {1: num_blocks - 1}
@@ -94,11 +94,13 @@ class ContiguousAllocator:
         return 0
 
     def allocate(self, request_id: int, num_tokens: int, use_watermark: bool = True,
-                 reserve_tokens: int | None = None, request: Request | None = None) -> int:
+                 reserve_tokens: int | None = None, request: Request | None = None,
+                 full_sequence_tokens: int | None = None) -> int:
         """Reserve one run for max(num_tokens, reserve_tokens); the table covers num_tokens.
 
         Returns 0 (no prefix cache), or -1 when no hole is big enough or the free
-        blocks left would dip under the watermark; then nothing changes.
+        blocks left would dip under the watermark; then nothing changes. The
+        reservation (prompt + maximum output) always holds `full_sequence_tokens`.
         """
         if request_id in self._runs:
             raise ValueError(f"request {request_id} already holds blocks")

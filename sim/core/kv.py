@@ -1,29 +1,39 @@
 """Paged KV-cache memory: fixed-size blocks, refcounts, a free queue, a null block.
 
+The pool is vLLM v1's (vllm/v1/core/block_pool.py and kv_cache_manager.py, as
+of the release docs/vllm_parity.md names), so that the continuous scheduler
+makes vLLM's decisions; the parity suite (parity/) checks it step by step.
+
 Block 0 is the null block: never handed out, it is where padding rows write.
-Free blocks sit in an ordered queue (oldest freed first) so that, once prefix
-caching names blocks by content, reuse evicts the least recently used.
 Block tables are tuples, rebuilt only when a block is added (every
 `block_size` tokens), so a step plan can hold them without copying.
 
-The free queue is a FIFO list consumed from a moving head, so whole tables
-are taken with C-speed slices: a request allocates and frees ~100 blocks, and
-an OrderedDict popped one block at a time cost more than the rest of the
-simulation. A block returns to the queue only when its refcount drops to zero.
+Free blocks sit in one queue in eviction order (sim/core/free_queue.py): a
+freed block without a name goes to its front and is reused first (LIFO), a
+named one to its back, so reuse evicts the least recently freed name (LRU);
+a request's table is freed tail first. A block returns to the queue only
+when its refcount drops to zero.
 
-Prefix caching (sim/core/prefix.py names blocks by content): a block is named
-once the step that fills it with prompt tokens has run (`cache_computed`), and
-keeps its name when freed, so a later request with the same prefix takes it
-back (a hit). A hit on a free block must leave the middle of the queue: its
-entry is marked stale and skipped when the head reaches it (lazy deletion;
-a block's stale entries always precede its live one, so a per-block count
-suffices), which keeps the bulk slices. Taking a named block for new content
-evicts its name. Without prefix caching no name or stale entry ever exists
-and the paths are the plain ones.
+Prefix caching (names: sim/core/prefix.py; index: sim/core/prefix_index.py):
+a block is named when it is allocated for the step that fills it
+(`cache_computed`), so a request admitted later in the same step hits it;
+every full block is named, generated ones included, so a request preempted
+by recompute resumes from its cached prompt and output. Two blocks may carry
+the same name (two requests computed one prefix at once): hits take the
+first, the next serves once the first is evicted. A block keeps its name when
+freed, so a later request with the same prefix takes it back (a hit; a hit on
+a free block takes it out of the middle of the queue). Taking a named block
+for new content evicts its name. Without prefix caching no name exists,
+every freed block goes to the front, and the paths are the plain ones.
 
-Swap preemption parks a request's blocks in a host pool of
-`host_swap_blocks`; the GPU blocks are freed (named ones stay cached) and
-fresh ones are taken when it swaps back in.
+Admission (`allocate`) keeps vLLM's watermark (int(watermark * num_blocks)
+blocks left free while others run) and, when asked, its full-sequence check
+(`scheduler_reserve_full_isl`: blocks for every known token must fit, not
+just the first chunk's).
+
+Swap preemption (servesim's; vLLM v1 has none) parks a request's blocks in a
+host pool of `host_swap_blocks`; the GPU blocks are freed (named ones stay
+cached) and fresh ones are taken when it swaps back in.
 """
 
 from __future__ import annotations
@@ -75,8 +85,10 @@ class KVManager(Protocol):
 
     `allocate`'s `reserve_tokens` is the request's peak (prompt + maximum output):
     the paged pool ignores it and grows block by block; a contiguous pool reserves
-    it up front, as servers before paging did. `request` lets a prefix-caching pool
-    reuse cached blocks (the return value counts their tokens); `cached_prefix_tokens`
+    it up front, as servers before paging did. `full_sequence_tokens` is vLLM's
+    full-sequence admission check (the paged pool applies it; a contiguous
+    reservation already covers it). `request` lets a prefix-caching pool reuse
+    cached blocks (the return value counts their tokens); `cached_prefix_tokens`
     asks how many it would find without changing anything (0 without a cache).
     """
 
@@ -103,7 +115,8 @@ class KVManager(Protocol):
     def block_table(self, request_id: int) -> tuple[int, ...]: ...
 
     def allocate(self, request_id: int, num_tokens: int, use_watermark: bool = True,
-                 reserve_tokens: int | None = None, request: Request | None = None) -> int: ...
+                 reserve_tokens: int | None = None, request: Request | None = None,
+                 full_sequence_tokens: int | None = None) -> int: ...
 
     def cached_prefix_tokens(self, request: Request) -> int: ...
 

@@ -1,11 +1,12 @@
-"""PagedBlockManager: refcounted blocks, an LRU free queue, a prefix cache, a host swap pool.
+"""PagedBlockManager: refcounted blocks, vLLM's free queue, a prefix cache, a host swap pool.
 
 See sim/core/kv.py's docstring for the design; this file is the mechanics.
 """
 
 from __future__ import annotations
 
-from sim.core.prefix import block_hashes
+from sim.core.free_queue import FreeQueue
+from sim.core.prefix_index import PrefixIndex
 from sim.core.request import Request
 
 NULL_BLOCK = 0
@@ -14,10 +15,12 @@ NULL_BLOCK = 0
 class PagedBlockManager:
     """Hands out KV blocks to requests; `num_blocks` counts the null block too.
 
+    `watermark`: vLLM's `SchedulerConfig.watermark`, the share of the pool
+    (null block included) an admission must leave free while others run.
     `host_swap_blocks`: blocks the host pool holds for swap preemption (0 = none).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.01,
+    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0,
                  enable_prefix_cache: bool = False, host_swap_blocks: int = 0) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (one is the null block), got {num_blocks}")
@@ -29,24 +32,13 @@ class PagedBlockManager:
             raise ValueError(f"host_swap_blocks must be >= 0, got {host_swap_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.watermark_blocks = int(watermark * (num_blocks - 1))
+        self.watermark_blocks = int(watermark * num_blocks)
         self.enable_prefix_cache = enable_prefix_cache
         self.host_swap_blocks = host_swap_blocks
-        # the free queue is _free[_head:] minus stale entries, oldest freed first; the
-        # consumed prefix is dropped once it outweighs the live part
-        self._free: list[int] = list(range(1, num_blocks))
-        self._head = 0
-        self._stale = [0] * num_blocks  # per block: queue entries a prefix hit invalidated
-        self._num_stale = 0
+        self._queue = FreeQueue(num_blocks)
         self._refcounts = [0] * num_blocks
         self._tables: dict[int, tuple[int, ...]] = {}
-        # prefix cache: name -> block, block -> name; per held request its chain of
-        # names and how many leading table blocks are named already
-        self._cached: dict[int, int] = {}
-        self._block_hash: list[int | None] = [None] * num_blocks
-        self._chains: dict[int, tuple[int, ...]] = {}
-        self._named: dict[int, int] = {}
-        self._memo: tuple[Request, tuple[int, ...]] | None = None  # last request's chain
+        self._prefix = PrefixIndex(block_size)
         self._host: dict[int, int] = {}  # request -> blocks parked in the host pool
         self._host_used = 0
         self.num_evictions = 0
@@ -61,16 +53,16 @@ class PagedBlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free) - self._head - self._num_stale
+        return len(self._queue)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_usable_blocks - len(self._free) + self._head + self._num_stale
+        return self.num_usable_blocks - self.num_free_blocks
 
     @property
     def num_cached_blocks(self) -> int:
-        """Blocks holding a named prefix, in use or free."""
-        return len(self._cached)
+        """Blocks holding a name, in use or free."""
+        return self._prefix.num_named_blocks
 
     @property
     def num_host_blocks_used(self) -> int:
@@ -94,95 +86,65 @@ class PagedBlockManager:
         return self._refcounts[block]
 
     def block_hash(self, block: int) -> int | None:
-        return self._block_hash[block]
+        return self._prefix.names.get(block)
 
     # -- prefix cache --------------------------------------------------------
-    def _chain(self, request: Request) -> tuple[int, ...]:
-        memo = self._memo
-        if memo is not None and memo[0] is request:
-            return memo[1]
-        chain = block_hashes(request, self.block_size)
-        self._memo = (request, chain)
-        return chain
-
-    def _match(self, request: Request) -> list[int]:
-        """Cached blocks of the request's longest cached prefix, at most prompt - 1 tokens."""
-        chain, cached = self._chain(request), self._cached
-        limit = min(len(chain), (request.prompt_tokens - 1) // self.block_size)
-        blocks = []
-        for i in range(limit):
-            block = cached.get(chain[i])
-            if block is None:
-                break
-            blocks.append(block)
-        return blocks
-
     def cached_prefix_tokens(self, request: Request) -> int:
-        """Prompt tokens `request` would find cached now (whole blocks); changes nothing."""
+        """Tokens `request` would find cached now (whole blocks, prompt and output); changes
+        nothing."""
         if not self.enable_prefix_cache:
             return 0
-        return len(self._match(request)) * self.block_size
+        return len(self._prefix.match(request)) * self.block_size
 
-    def cache_computed(self, request_id: int, num_computed_tokens: int) -> None:
-        """Name the request's prompt blocks that the tokens computed so far have filled.
+    def cache_computed(self, request_id: int, num_tokens: int) -> None:
+        """Name the request's blocks that its first `num_tokens` tokens fill.
 
-        A name already cached (another request computed the same prefix at the same
-        time) leaves this block unnamed: the first copy serves later hits.
+        vLLM names a block when it is allocated for the step that fills it, so a
+        request admitted later in the same step already hits it.
         """
-        chain = self._chains.get(request_id)
-        if chain is None:
-            return
-        full = min(num_computed_tokens // self.block_size, len(chain))
-        start = self._named[request_id]
-        if full <= start:
-            return
-        table, cached, names = self._tables[request_id], self._cached, self._block_hash
-        for i in range(start, full):
-            name = chain[i]
-            if name not in cached:
-                cached[name] = table[i]
-                names[table[i]] = name
-        self._named[request_id] = full
+        table = self._tables.get(request_id)
+        if table is not None:
+            self._prefix.name(request_id, table, num_tokens)
+
+    def _hold_names(self, request_id: int, request: Request | None, num_named: int) -> None:
+        if request is not None and self.enable_prefix_cache:
+            self._prefix.hold(request_id, request, num_named)
 
     # -- operations ----------------------------------------------------------
     def allocate(self, request_id: int, num_tokens: int, use_watermark: bool = True,
-                 reserve_tokens: int | None = None, request: Request | None = None) -> int:
+                 reserve_tokens: int | None = None, request: Request | None = None,
+                 full_sequence_tokens: int | None = None) -> int:
         """Give a new request blocks for `num_tokens`; returns tokens found in cache (or -1).
 
         -1 means not enough free blocks (above the watermark); nothing changes.
         With prefix caching and `request` given, the longest cached prefix (whole
-        blocks, at most num_tokens - 1 and prompt - 1 tokens) is reused and its token
-        count returned; otherwise 0. `reserve_tokens` is ignored: paging grows tables
+        blocks, at most num_tokens - 1 and known - 1 tokens) is reused and its token
+        count returned; otherwise 0. `full_sequence_tokens` (vLLM's
+        `scheduler_reserve_full_isl`): refuse unless blocks for that many tokens,
+        hits counted, fit as well. `reserve_tokens` is ignored: paging grows tables
         as tokens are written.
         """
         if request_id in self._tables:
             raise ValueError(f"request {request_id} already holds blocks")
         reserve = self.watermark_blocks if use_watermark else 0
+        hits: list[int] = []
         if request is not None and self.enable_prefix_cache:
-            return self._allocate_cached(request_id, num_tokens, reserve, request)
-        needed = self.blocks_for(num_tokens)
-        if len(self._free) - self._head - self._num_stale - needed < reserve:
-            return -1
-        self._tables[request_id] = self._take(needed)
-        return 0
-
-    def _allocate_cached(self, request_id: int, num_tokens: int, reserve: int,
-                         request: Request) -> int:
-        hits = self._match(request)[:max(0, (num_tokens - 1) // self.block_size)]
+            hits = self._prefix.match(request)[:max(0, (num_tokens - 1) // self.block_size)]
         refcounts = self._refcounts
         revived = sum(1 for b in hits if not refcounts[b])  # hits that leave the free queue
-        needed = self.blocks_for(num_tokens) - len(hits)
-        if self.num_free_blocks - revived - needed < reserve:
+        free = self.num_free_blocks - revived - reserve
+        if full_sequence_tokens is not None and \
+                self.blocks_for(full_sequence_tokens) - len(hits) > free:
             return -1
-        stale = self._stale
+        needed = self.blocks_for(num_tokens) - len(hits)
+        if needed > free:
+            return -1
         for block in hits:
             if not refcounts[block]:
-                stale[block] += 1
-                self._num_stale += 1
+                self._queue.remove(block)
             refcounts[block] += 1
         self._tables[request_id] = tuple(hits) + self._take(needed)
-        self._chains[request_id] = self._chain(request)
-        self._named[request_id] = len(hits)
+        self._hold_names(request_id, request, len(hits))
         tokens = len(hits) * self.block_size
         self.num_hit_tokens += tokens
         return tokens
@@ -197,7 +159,7 @@ class PagedBlockManager:
         missing = -(-num_tokens // self.block_size) - len(table)
         if missing <= 0:
             return table
-        if missing > len(self._free) - self._head - self._num_stale:
+        if missing > self.num_free_blocks:
             return None
         table = self._tables[request_id] = table + self._take(missing)
         return table
@@ -209,7 +171,7 @@ class PagedBlockManager:
         decodes that crossed a block boundary this step. None if the pool runs short,
         and then nothing changes (the caller goes one by one and preempts).
         """
-        if len(request_ids) > len(self._free) - self._head - self._num_stale:
+        if len(request_ids) > self.num_free_blocks:
             return None
         tables = self._tables
         grown = []
@@ -219,63 +181,35 @@ class PagedBlockManager:
         return grown
 
     def free(self, request_id: int) -> None:
-        """Return a request's blocks; freed blocks go to the back of the queue (LRU).
+        """Return a request's blocks, the table's tail first (vLLM's BlockPool.free_blocks).
 
-        The table's tail goes first: it is the least useful to a later prefix hit.
-        Named blocks keep their names until taken for other content.
+        A block without a name goes to the front of the queue, reused first (LIFO);
+        a named one to the back (LRU), keeping its name until taken for other content.
         """
-        if self._chains:
-            self._chains.pop(request_id, None)
-            self._named.pop(request_id, None)
-        refcounts = self._refcounts
-        released = []
-        for block in reversed(self._tables.pop(request_id, ())):
+        self._prefix.release(request_id)
+        refcounts, hashes = self._refcounts, self._prefix.names
+        table = self._tables.pop(request_id, ())
+        for block in table:
             refcounts[block] -= 1
-            if not refcounts[block]:
-                released.append(block)
-        self._free.extend(released)
+        released = [block for block in table if not refcounts[block]]  # head first
+        if not hashes:  # no names: every block to the front, the tail taken first
+            self._queue.push_front(released)
+            return
+        self._queue.push_front([block for block in released if block not in hashes])
+        self._queue.push_back([block for block in reversed(released) if block in hashes])
 
     def _take(self, count: int) -> tuple[int, ...]:
-        head, free = self._head, self._free
-        if self._num_stale:
-            blocks, head = self._take_skipping(count, head)
-        else:
-            blocks = tuple(free[head:head + count])
-            head += count
+        front, back = self._queue.pop(count)
         refcounts = self._refcounts
-        for block in blocks:
+        for block in front:
             refcounts[block] = 1
-        if self._cached:  # names exist only with prefix caching
-            self._evict(blocks)
-        if head > 4096 and 2 * head > len(free):
-            del free[:head]
-            head = 0
-        self._head = head
-        return blocks
-
-    def _take_skipping(self, count: int, head: int) -> tuple[tuple[int, ...], int]:
-        """Pop `count` live entries from the head, dropping the stale ones met on the way."""
-        free, stale = self._free, self._stale
-        taken: list[int] = []
-        while len(taken) < count:
-            block = free[head]
-            head += 1
-            if stale[block]:
-                stale[block] -= 1
-                self._num_stale -= 1
-            else:
-                taken.append(block)
-        return tuple(taken), head
-
-    def _evict(self, blocks: tuple[int, ...]) -> None:
-        """Drop the names of blocks taken for new content."""
-        names, cached = self._block_hash, self._cached
-        for block in blocks:
-            name = names[block]
-            if name is not None:
-                del cached[name]
-                names[block] = None
-                self.num_evictions += 1
+        if not back:
+            return front
+        for block in back:
+            refcounts[block] = 1
+        if self._prefix.names:  # names exist only with prefix caching, and only at the back
+            self.num_evictions += self._prefix.evict(back)
+        return front + back
 
     # -- swap ----------------------------------------------------------------
     def swap_out(self, request_id: int) -> int:
@@ -295,17 +229,24 @@ class PagedBlockManager:
     def is_swapped(self, request_id: int) -> bool:
         return request_id in self._host
 
-    def swap_in(self, request_id: int, num_tokens: int, use_watermark: bool = True) -> int:
+    def swap_in(self, request_id: int, num_tokens: int, use_watermark: bool = True,
+                request: Request | None = None, full_sequence_tokens: int | None = None
+                ) -> int:
         """Bring a swapped request back on fresh blocks covering `num_tokens`; returns blocks moved.
 
-        -1 when the GPU pool lacks the blocks (above the watermark); nothing changes.
+        -1 when the GPU pool lacks the blocks (above the watermark, and for
+        `full_sequence_tokens` as in allocate); nothing changes. With `request` and
+        prefix caching its blocks can be named again (cache_computed).
         """
         count = self._host[request_id]
         needed = max(self.blocks_for(num_tokens), count)
-        reserve = self.watermark_blocks if use_watermark else 0
-        if self.num_free_blocks - needed < reserve:
+        free = self.num_free_blocks - (self.watermark_blocks if use_watermark else 0)
+        if full_sequence_tokens is not None and self.blocks_for(full_sequence_tokens) > free:
+            return -1
+        if needed > free:
             return -1
         self._tables[request_id] = self._take(needed)
+        self._hold_names(request_id, request, 0)
         del self._host[request_id]
         self._host_used -= count
         self.num_swapped_in_blocks += count
@@ -313,14 +254,10 @@ class PagedBlockManager:
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the accounting is broken; for tests."""
-        stale = list(self._stale)
-        free_list = []
-        for b in self._free[self._head:]:  # the queue as _take would pop it
-            if stale[b]:
-                stale[b] -= 1
-            else:
-                free_list.append(b)
-        assert not any(stale), "a stale free-queue entry that no longer exists"
+        front, back = self._queue.blocks()
+        names = self._prefix.names
+        assert not any(b in names for b in front), "a named block up front"
+        free_list = front + back
         free = set(free_list)
         assert len(free) == len(free_list), "a block is queued as free twice"
         assert len(free_list) == self.num_free_blocks, "free count out of sync"
@@ -335,10 +272,8 @@ class PagedBlockManager:
         for b, count in enumerate(self._refcounts):
             assert count >= 0, f"block {b} refcount {count} < 0"
             assert count == holders.get(b, 0), f"block {b} refcount {count} != its holders"
-        names = self._block_hash
-        assert all(names[b] == h for h, b in self._cached.items()), "name index out of sync"
-        assert sum(n is not None for n in names) == len(self._cached), "stray block name"
-        assert all(n == 1 or names[b] is not None for b, n in holders.items()), \
+        self._prefix.check()
+        assert all(n == 1 or b in names for b, n in holders.items()), \
             "a block shared without a prefix-cache name"
         assert self._host_used == sum(self._host.values()) <= self.host_swap_blocks
         assert not self._host.keys() & self._tables.keys(), "a request both swapped and held"

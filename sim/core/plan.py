@@ -6,12 +6,13 @@ hundreds; `plan.seqs` gives the per-sequence `SeqWork` view when wanted.
 
 Speculative decoding (the scheduler's `speculative_tokens` = k > 0):
 - A decoding sequence is scheduled 1 + k_i new tokens: its last emitted token
-  plus k_i draft tokens, k_i = min(k, tokens it still has to emit - 1, token
-  budget left - 1), so nothing is drafted past its scripted output. Its
-  `context_tokens` is the KV before the step; KV slots are allocated for all
-  1 + k_i; `is_prefill` is False and `emits_token` True. `num_spec_tokens`
-  holds k_i per sequence (0 for prefills and plain decodes), or is empty when
-  no sequence of the step drafts, so plans without speculation are unchanged.
+  plus k_i draft tokens, k_i = k unless the token budget or max_model_len cuts
+  it (vLLM's rules, sim/core/schedulers/speculation.py: drafts run to the last
+  step, whatever is left to emit). Its `context_tokens` is the KV before the
+  step; KV slots are allocated for all 1 + k_i; `is_prefill` is False and
+  `emits_token` True. `num_spec_tokens` holds k_i per sequence (0 for
+  prefills and plain decodes), or is empty when no sequence of the step
+  drafts, so plans without speculation are unchanged.
 - The world proposes the k_i draft tokens itself (the plan says how many, not
   which: a draft model's k_i sequential passes, or prompt lookup), runs the
   target once over all 1 + k_i positions, writing their KV at slots context ..
@@ -22,8 +23,9 @@ Speculative decoding (the scheduler's `speculative_tokens` = k > 0):
   `token_ids` all the emitted tokens, sequence after sequence. An empty
   `num_emitted` means every draft was rejected.
 - The scheduler applies it: output done += 1 + a_i, computed = context + 1 +
-  a_i. The rejected drafts' KV slots roll back: the next step overwrites them,
-  and its plan's context says where the valid KV ends.
+  a_i, except that tokens past the scripted output are discarded (vLLM stops
+  at max_tokens). The rejected drafts' KV slots roll back: the next step
+  overwrites them, and its plan's context says where the valid KV ends.
 """
 
 from __future__ import annotations

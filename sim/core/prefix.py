@@ -6,9 +6,19 @@ the block's tokens when the request carries them, else the pieces of the
 trace's prefix ids it covers: id j covers tokens [j*U, (j+1)*U) (U =
 `prefix_unit_tokens`), and a block of B tokens covers (id, first offset, end
 offset) pieces of one or more ids, so any B works: dividing U, equal, or
-larger. Only full blocks inside the prompt and inside what the ids cover are
-named: a block holding generated tokens, or tokens no id describes, is never
-shared.
+larger. Those names cover the full prompt blocks inside what the ids (or
+tokens) describe.
+
+Every later block, and every block of a request that describes nothing, is
+named too (`own_name`), as vLLM names every full block: by the request's id
+and the block's index. Such a block holds generated tokens, or tokens no id
+describes, which only its own request holds at that place (after the same
+blocks before it), so the pair names the whole prefix as a chain would, and
+only its own request can hit it: a request preempted by recompute resumes
+from its cached prompt and output blocks. The simulator knows no output token
+ids, so two requests that generate the same tokens never share them; vLLM
+would (with scripted outputs it never matters unless two requests' outputs
+are identical).
 
 Python's hash of a tuple of ints is deterministic across processes (no string
 salting), so plans are reproducible; 64-bit collisions are ignored, as vLLM
@@ -20,6 +30,24 @@ from __future__ import annotations
 from sim.core.request import Request
 
 ROOT_HASH = 0  # the parent name of a prompt's first block
+
+
+OWN_INDEX_BITS = 24  # block indices below 2**24 (268M tokens of 16) get distinct own names
+
+
+def own_name(request_id: int, index: int) -> int:
+    """The name of block `index` of `request_id` when only that request can hold it.
+
+    A plain integer (distinct for every pair, any request id), so a run of them is a
+    `range` and costs no hashing; as for content names, a clash with a 64-bit content
+    hash is ignored.
+    """
+    return own_names_base(request_id) - index
+
+
+def own_names_base(request_id: int) -> int:
+    """own_name(request_id, i) == own_names_base(request_id) - i."""
+    return -(request_id << OWN_INDEX_BITS) - 1
 
 
 def block_hashes(request: Request, block_size: int) -> tuple[int, ...]:

@@ -92,19 +92,21 @@ class Request:
         """Apply a verified speculative decode: `num_emitted` = 1 + accepted drafts.
 
         `num_new_tokens` is what the step computed (1 + drafts); the rejected drafts'
-        KV rolls back, so computed ends at context + num_emitted. True if it finished.
+        KV rolls back, so computed ends at context + num_emitted. Tokens past the
+        scripted output are discarded, as vLLM stops at max_tokens (they still count
+        as accepted, as in vLLM's acceptance metrics). True if it finished.
         """
         drafts = num_new_tokens - 1
         if not 1 <= num_emitted <= 1 + drafts:
             raise ValueError(f"request {self.request_id}: emitted {num_emitted} tokens from "
                              f"a step with {drafts} draft tokens (allowed 1..{1 + drafts})")
-        if self.num_output_done + num_emitted > self.output_tokens:
-            raise ValueError(f"request {self.request_id}: emitted past its "
-                             f"{self.output_tokens} scripted output tokens")
-        self.num_computed_tokens += num_emitted
-        self.num_output_done += num_emitted
+        kept = min(num_emitted, self.output_tokens - self.num_output_done)
+        self.num_computed_tokens += kept
+        self.num_output_done += kept
         self.spec_drafted += drafts
         self.spec_accepted += num_emitted - 1
+        if self.first_token_s is None:  # a one-token prompt padded to 1 + k
+            self.first_token_s = now
         if self.num_output_done < self.output_tokens:
             return False
         self.state = RequestState.FINISHED

@@ -56,7 +56,7 @@ class ModelDraft:
     Pass 1 drafts the first token of every drafting sequence and prefills the
     step's prompt chunks into the draft's KV; passes 2..max k_i draft the rest,
     each over one more token of context. Every pass runs at the step's number
-    of drafting sequences (those capped below k near their end are few).
+    of drafting sequences (those the budget cuts below k are few).
     """
 
     latency: LatencyModel

@@ -1,39 +1,39 @@
-"""Iteration-level (continuous) batching over paged KV memory, vLLM v1 style.
+"""Iteration-level (continuous) batching over paged KV memory: vLLM v1's scheduler.
 
-It runs on either KV pool: paged (the default) or contiguous, where each
-admission reserves prompt + maximum output up front (see LengthLimits), so
-the two wins, iteration-level scheduling and paging, can be measured apart.
+Its decisions are those of vLLM's own `vllm.v1.core.sched.scheduler.Scheduler`
+at the release docs/vllm_parity.md names (FCFS policy, synchronous
+scheduling), checked step by step by the parity suite (parity/, and
+tests/test_vllm_parity.py against recorded traces). It also runs on a
+contiguous pool, where each admission reserves prompt + maximum output up
+front (see LengthLimits), so the two wins, iteration-level scheduling and
+paging, can be measured apart.
 
 One rule drives everything: each request's computed tokens catch up to its
 known tokens (prompt + emitted output) under the step's token budget.
 Running requests go first, in admission order; a prompt larger than what is
 left of the budget is chunked (when chunked prefill is on); a request that
 cannot get a block preempts the most recently admitted request, which
-re-queues at the front: by recompute (drops its KV, re-prefills later) or by
-swap (its blocks move to the host pool with their computed tokens and come
-back when it is re-admitted; the bytes cost host-link time in the steps that
-move them; a full host pool falls back to recompute). Waiting requests are
-admitted FCFS only while no one was preempted this step and blocks are free.
+re-queues at the front: by recompute (drops its KV, re-prefills later) or,
+servesim's own option with no vLLM v1 counterpart, by swap (its blocks move
+to the host pool with their computed tokens and come back when it is
+re-admitted; the bytes cost host-link time in the steps that move them; a
+full host pool falls back to recompute). Waiting requests are admitted FCFS
+only while no one was preempted this step, seats are free and the pool holds
+blocks for all their known tokens (`scheduler_reserve_full_isl`, vLLM's
+default; off, only the first chunk must fit, as in vLLM <= 0.18) above the
+watermark.
 
-With a prefix-caching pool, an admission starting from zero computed tokens
-reuses the longest cached prefix of its prompt and computes only the rest;
-after each step the prompt blocks it filled are named for later requests.
+With a prefix-caching pool an admission starting from zero computed tokens
+reuses the longest cached prefix of its prompt and output (a request
+preempted by recompute finds its own blocks) and computes only the rest;
+blocks are named as they are allocated, so an admission later in the same
+step hits a prefix scheduled before it.
 
 Two implementations of that rule give identical plans: a per-request path for
 small batches (cheapest there), and an array path (running_batch.py) whose
 cost per step barely grows with the batch; the scheduler switches between them
-with hysteresis on the running-set size.
-
-Speculative decoding (`speculative_tokens` = k > 0; the contract is in
-sim/core/plan.py): each decoding sequence is scheduled 1 + k_i tokens, k_i =
-min(k, output tokens still to emit - 1, token budget left - 1), with KV slots
-for all of them; on_step_done reads how many each emitted from
-`StepResult.num_emitted` and rolls the rejected drafts back (computed = context
-+ emitted). The slots of rejected drafts stay in the table, as in vLLM: the
-next step writes its own 1 + k tokens there (a table never holds more than
-blocks_for(computed + k)), and every block is freed when the request finishes
-or is preempted. Speculation runs on the per-request path only: the array path
-assumes one token per decode; with k = 0 nothing changes.
+with hysteresis on the running-set size. Speculation runs on the per-request
+path only (speculation.py holds its rules).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from sim.core.request import Request, RequestState
 from sim.core.schedulers.limits import LengthLimits
 from sim.core.schedulers.plan_builder import PlanBuilder
 from sim.core.schedulers.running_batch import RunningBatch
+from sim.core.schedulers.speculation import Speculation
 
 
 class ContinuousScheduler:
@@ -56,6 +57,8 @@ class ContinuousScheduler:
     `max_output_tokens` caps outputs (longer ones are rejected) and, on a contiguous
     pool, sizes reservations with max_model_len (one of them is then required).
     `preemption`: "recompute" or "swap" (swap needs a paged pool with a host pool).
+    `scheduler_reserve_full_isl`: vLLM's setting of that name (see the module doc).
+    `speculative_tokens` / `speculative_method`: see speculation.py.
     `cuda_graphs`: a decode-only step's `padded_batch` is the next CUDA-graph batch size
     (sim.core.batching), the batch the engine runs.
     """
@@ -64,7 +67,8 @@ class ContinuousScheduler:
                  max_num_batched_tokens: int = 8192, chunked_prefill: bool = True,
                  max_model_len: int | None = None, vectorize_at: int = 24,
                  max_output_tokens: int | None = None, preemption: str = "recompute",
-                 speculative_tokens: int = 0, cuda_graphs: bool = False) -> None:
+                 speculative_tokens: int = 0, scheduler_reserve_full_isl: bool = True,
+                 speculative_method: str = "ngram", cuda_graphs: bool = False) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < max_num_seqs:
@@ -86,6 +90,7 @@ class ContinuousScheduler:
         self.chunked_prefill = chunked_prefill
         self.max_model_len = max_model_len
         self.vectorize_at = vectorize_at
+        self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is the next victim
         self._in_flight: dict[int, Request] = {}
@@ -100,20 +105,28 @@ class ContinuousScheduler:
         self.num_swap_fallbacks = 0  # swap preemptions that found the host pool full
         # read-only: the last admission stopped for lack of KV blocks (TTFT diagnosis)
         self.kv_blocked = False
-        self.speculative_tokens = speculative_tokens
+        self._preempted_only = False  # the last schedule() preempted and ran nothing
+        self._spec = Speculation(speculative_tokens, speculative_method, max_model_len)
         # CUDA graphs: a decode-only step runs padded to the next captured batch size
         self._graph_sizes = graph_batch_sizes(max_num_seqs) if cuda_graphs else ()
 
     @property
     def speculative_tokens(self) -> int:
         """k: draft tokens proposed per decoding sequence per step (0 = no speculation)."""
-        return self._spec_k
+        return self._spec.k
 
     @speculative_tokens.setter
     def speculative_tokens(self, k: int) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"speculative_tokens must be an integer >= 0, got {k!r}")
-        self._spec_k = k
+        self._spec.k = k
+
+    @property
+    def speculative_method(self) -> str:
+        """vLLM's speculative method, which sets the budget and KV rules (SPECULATIVE_METHODS)."""
+        return self._spec.method
+
+    @speculative_method.setter
+    def speculative_method(self, method: str) -> None:
+        self._spec.method = method
 
     # -- queries -------------------------------------------------------------
     @property
@@ -137,7 +150,12 @@ class ContinuousScheduler:
         return bool(self.waiting or self.running)
 
     def next_wakeup(self, now: float) -> float | None:
-        return None
+        """Now, after a step that only preempted (vLLM runs an empty step); else at an arrival.
+
+        A lone request whose drafts outgrow the pool preempts itself; asked again, it
+        is re-admitted and recomputes (emitting a token each time round, as in vLLM).
+        """
+        return now if self._preempted_only else None
 
     def close(self, now: float) -> None:
         """No more arrivals: nothing changes, every step already admits what waits."""
@@ -164,11 +182,25 @@ class ContinuousScheduler:
         if not self.chunked_prefill and request.prompt_tokens > self.max_num_batched_tokens:
             return (f"prompt {request.prompt_tokens} > max_num_batched_tokens "
                     f"{self.max_num_batched_tokens} with chunked prefill off")
+        reserve = self._reserve_tokens(request)
+        if self._spec.k and self._paged is None and reserve is not None \
+                and self.kv.blocks_for(reserve) > self.kv.num_usable_blocks:
+            return (f"reserves {reserve} KV tokens (prompt + max output + "
+                    f"{self._spec.k} drafts), pool holds "
+                    f"{self.kv.num_usable_blocks * self.kv.block_size}")
         return None
+
+    def _reserve_tokens(self, request: Request) -> int | None:
+        """A contiguous reservation: prompt + maximum output, + k draft slots when speculating."""
+        reserve = self.limits.reserve_tokens(request)
+        if reserve is None or not self._spec.k:
+            return reserve
+        reserve += self._spec.k
+        return reserve if self.max_model_len is None else min(reserve, self.max_model_len)
 
     def schedule(self, now: float) -> StepPlan | None:
         batch, n = self._batch, len(self.running)
-        if self._spec_k:  # speculation runs on the per-request path only
+        if self._spec.k:  # speculation runs on the per-request path only
             if batch is not None:
                 batch.sync()
                 batch.pending = None
@@ -192,54 +224,55 @@ class ContinuousScheduler:
         step = PlanBuilder()
         preempted: list[int] = []
         budget = batch.schedule_running(self.max_num_batched_tokens, kv, step, self._preempt,
-                                        preempted)
+                                        preempted, self._paged if self._prefix_cache else None)
         if not preempted:
-            self._admit(budget, step, now)
-        if not step.request_ids:
-            batch.pending = None
-            return None
+            self._admit(budget, step, now, bool(step.request_ids), False)
         plan = batch.pending = self._build(step, preempted)
         return plan
 
     def _schedule_each(self, now: float) -> StepPlan | None:
         """The per-request path: Request objects hold exact counters."""
-        kv, running = self.kv, self.running
-        budget = self.max_num_batched_tokens
+        kv, running, spec = self.kv, self.running, self._spec
+        naming = self._paged if self._prefix_cache else None
+        slots = spec.draft_slots
+        room = self.max_num_batched_tokens  # vLLM's input budget: tokens + draft slots
         step = PlanBuilder()
         preempted: list[int] = []
+        prefill_scheduled = False
 
-        spec_k = self._spec_k
         i = 0
-        while i < len(running) and budget > 0:
+        while i < len(running) and room > slots:
             req = running[i]
             computed = req.num_computed_tokens
-            new = min(req.prompt_tokens + req.num_output_done - computed, budget)
-            spec = 0
-            if spec_k and req.num_output_done and computed == req.num_known_tokens - 1:
-                # a decode: its last token plus k_i drafts, never past its scripted output
-                spec = min(spec_k, req.output_tokens - req.num_output_done - 1, budget - 1)
-                new += spec
-            table = kv.append_slots(req.request_id, computed + new)
+            known = req.prompt_tokens + req.num_output_done
+            new = known - computed
+            drafts = spec.k and spec.drafts(req, new)
+            new = spec.cap(computed, min(new + drafts, room - slots))
+            table = kv.append_slots(req.request_id, spec.slots(computed + new))
             while table is None:
                 victim = running.pop()
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is req:
                     break
-                table = kv.append_slots(req.request_id, computed + new)
+                table = kv.append_slots(req.request_id, spec.slots(computed + new))
             if table is None:
                 break  # the request preempted itself: everyone after it is gone too
-            step.add(req, new, table, spec)
-            budget -= new
+            if naming is not None:
+                naming.cache_computed(req.request_id, min(computed + new, known))
+            step.add(req, new, table, max(0, computed + new - known) if drafts else 0)
+            prefill_scheduled |= spec.k > 0 and spec.prefilling(req)
+            room -= new + slots
             i += 1
 
         if not preempted:
-            self._admit(budget, step, now)
-        if not step.request_ids:
-            return None
+            self._admit(room, step, now, bool(step.request_ids), prefill_scheduled)
         return self._build(step, preempted)
 
-    def _build(self, step: PlanBuilder, preempted: list[int]) -> StepPlan:
+    def _build(self, step: PlanBuilder, preempted: list[int]) -> StepPlan | None:
+        self._preempted_only = not step.request_ids and bool(preempted)
+        if not step.request_ids:
+            return None
         if self._swap_out_pending:
             step.swap_out_tokens, self._swap_out_pending = self._swap_out_pending, 0
         padded = 0
@@ -247,41 +280,59 @@ class ContinuousScheduler:
             padded = padded_batch_size(len(step.request_ids), self._graph_sizes)
         return step.build(tuple(preempted), padded)
 
-    def _admit(self, budget: int, step: PlanBuilder, now: float) -> None:
+    def _admit(self, room: int, step: PlanBuilder, now: float, running_scheduled: bool,
+               prefill_scheduled: bool) -> None:
         """Admit waiting requests FCFS while budget, seats and blocks last."""
         self.kv_blocked = False
-        kv, waiting, running, batch = self.kv, self.waiting, self.running, self._batch
-        reserve_tokens, prefix_cache = self.limits.reserve_tokens, self._prefix_cache
+        kv, waiting, running, batch, spec = self.kv, self.waiting, self.running, self._batch, \
+            self._spec
+        prefix_cache, slots = self._prefix_cache, spec.draft_slots
+        naming = self._paged if prefix_cache else None
         paged = self._paged if self._swap else None
-        while waiting and budget > 0 and len(running) < self.max_num_seqs:
+        while waiting and room > slots and len(running) < self.max_num_seqs:
+            avail = room - slots
             req = waiting[0]
             computed = req.num_computed_tokens
             swapped = paged is not None and paged.is_swapped(req.request_id)
             if prefix_cache and not computed:
                 computed = kv.cached_prefix_tokens(req)
-            new = req.num_known_tokens - computed
-            if new > budget:
+            known = req.num_known_tokens
+            new = known - computed
+            drafts = 0
+            if spec.k and new == 1 and spec.pads(computed, running_scheduled,
+                                                 prefill_scheduled):
+                # vLLM pads a decode admitted among decodes to 1 + k (CUDA-graph shape)
+                if 1 + spec.k > avail:
+                    break
+                new, drafts = 1 + spec.k, spec.k
+            if new > avail:
                 # without chunking a prefill waits for a step with room, unless it can
                 # never have room (a recompute longer than the whole budget): chunk it
-                if not self.chunked_prefill and new <= self.max_num_batched_tokens:
+                if not self.chunked_prefill and new <= self.max_num_batched_tokens - slots:
                     break
-                new = budget
+                new = avail
+            full = known if self.scheduler_reserve_full_isl else None
             if swapped:
                 assert paged is not None
-                moved = paged.swap_in(req.request_id, computed + new, bool(running))
+                moved = paged.swap_in(req.request_id, spec.slots(computed + new),
+                                      bool(running), req if prefix_cache else None, full)
                 if moved < 0:
                     self.kv_blocked = True
                     break
                 step.swap_in_tokens += moved * kv.block_size
             else:
-                hits = kv.allocate(req.request_id, computed + new, use_watermark=bool(running),
-                                   reserve_tokens=reserve_tokens(req),
-                                   request=req if prefix_cache else None)
+                hits = kv.allocate(req.request_id, spec.slots(computed + new),
+                                   use_watermark=bool(running),
+                                   reserve_tokens=self._reserve_tokens(req),
+                                   request=req if prefix_cache else None,
+                                   full_sequence_tokens=full)
                 if hits < 0:
                     self.kv_blocked = True
                     break
                 if hits:  # only from zero computed tokens: the lookup above saw the same
                     req.num_computed_tokens = hits
+            if naming is not None:
+                naming.cache_computed(req.request_id, min(computed + new, known))
             if req.first_scheduled_s is None:
                 req.prefix_hit_tokens = req.num_computed_tokens
             waiting.popleft()
@@ -292,14 +343,15 @@ class ContinuousScheduler:
             table = kv.block_table(req.request_id)
             if batch is not None:
                 batch.admitted(req, table, new)
-            step.add(req, new, table)
-            budget -= new
+            step.add(req, new, table, drafts)
+            room -= new + slots
 
     def _preempt(self, req: Request) -> None:
         """Re-queue `req` at the front; its counters must be exact (the batch syncs them)."""
         req.num_preemptions += 1
         req.state = RequestState.WAITING
         self.waiting.appendleft(req)
+        self._spec.forget(req)
         if self._swap and self._paged is not None:
             moved = self._paged.swap_out(req.request_id)
             if moved >= 0:
@@ -311,8 +363,6 @@ class ContinuousScheduler:
         req.num_computed_tokens = 0
 
     def on_step_done(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
-        if self._prefix_cache and plan.shape.prefill_chunk_tokens:
-            self._name_computed(plan)  # before finished requests free their blocks
         batch = self._batch
         if batch is not None:
             if plan is batch.pending:
@@ -322,54 +372,16 @@ class ContinuousScheduler:
             self._batch = None
         in_flight = self._in_flight
         finished: list[Request] = []
-        if plan.num_spec_tokens or result.num_emitted:
-            self._apply_speculative(plan, result, now, finished)
+        if plan.num_spec_tokens or result.num_emitted or self._spec.k:
+            done = self._spec.apply(plan, result, now, in_flight)
         else:
-            for rid, new, emits in zip(plan.request_ids, plan.num_new_tokens, plan.emits_token,
-                                       strict=True):
-                req = in_flight[rid]
-                if req.advance(new, emits, now):
-                    self.kv.free(rid)
-                    del in_flight[rid]
-                    finished.append(req)
+            done = (in_flight[rid] for rid, new, emits in zip(
+                plan.request_ids, plan.num_new_tokens, plan.emits_token, strict=True)
+                if in_flight[rid].advance(new, emits, now))
+        for req in done:
+            self.kv.free(req.request_id)
+            del in_flight[req.request_id]
+            finished.append(req)
         if finished:
             self.running[:] = [r for r in self.running if r.state is RequestState.RUNNING]
         return finished
-
-    def _apply_speculative(self, plan: StepPlan, result: StepResult, now: float,
-                           finished: list[Request]) -> None:
-        """on_step_done for a plan with drafts: each emitting sequence emitted num_emitted[j]."""
-        emitted = result.num_emitted
-        num_emitting = plan.num_emitting
-        if emitted and len(emitted) != num_emitting:
-            raise ValueError(f"StepResult.num_emitted has {len(emitted)} entries for "
-                             f"{num_emitting} emitting sequences")
-        spec = plan.num_spec_tokens or (0,) * plan.batch_size
-        in_flight, j = self._in_flight, 0
-        for rid, new, emits, k in zip(plan.request_ids, plan.num_new_tokens, plan.emits_token,
-                                      spec, strict=True):
-            req = in_flight[rid]
-            count = 1
-            if emits and emitted:
-                count = emitted[j]
-                j += 1
-            if k:
-                done = req.advance_speculative(new, count, now)
-            elif count != 1:
-                raise ValueError(f"request {rid}: emitted {count} tokens from a step with no "
-                                 "draft tokens")
-            else:
-                done = req.advance(new, emits, now)
-            if done:
-                self.kv.free(rid)
-                del in_flight[rid]
-                finished.append(req)
-
-    def _name_computed(self, plan: StepPlan) -> None:
-        """Name the prompt blocks this step's prefills filled, so later requests can hit them."""
-        assert self._paged is not None
-        cache = self._paged.cache_computed
-        for rid, context, new, prefill in zip(plan.request_ids, plan.context_tokens,
-                                              plan.num_new_tokens, plan.is_prefill, strict=True):
-            if prefill:
-                cache(rid, context + new)

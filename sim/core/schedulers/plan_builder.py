@@ -48,7 +48,8 @@ class PlanBuilder:
         if spec or self.spec is not None:
             self._add_spec(computed, spec)
             own -= spec
-        is_decode = own == 1 and computed == known - 1 and req.num_output_done > 0
+        # a row with drafts is a verify whatever came before (a padded admission too)
+        is_decode = own == 1 and computed == known - 1 and (req.num_output_done > 0 or spec > 0)
         self.request_ids.append(req.request_id)
         self.num_new.append(new)
         self.contexts.append(computed)

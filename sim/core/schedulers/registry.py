@@ -32,7 +32,9 @@ class SchedulerSettings:
     max_wait_s: float | None = None  # dynamic: None = DEFAULT_MAX_WAIT_S; static: no timer
     preemption: str = "recompute"  # continuous: "recompute" or "swap"
     speculative_tokens: int = 0  # continuous: k drafts per decoding sequence per step
+    speculative_method: str = "ngram"  # continuous: "ngram" or "draft_model" (speculation.py)
     cuda_graphs: bool = False  # continuous: pad decode-only steps to CUDA-graph batch sizes
+    scheduler_reserve_full_isl: bool = True  # continuous: vLLM's full-sequence admission check
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,8 @@ def _continuous(kv: KVManager, s: SchedulerSettings) -> Scheduler:
     return ContinuousScheduler(kv, s.max_num_seqs, s.max_num_batched_tokens, s.chunked_prefill,
                                s.max_model_len, max_output_tokens=s.max_output_tokens,
                                preemption=s.preemption, speculative_tokens=s.speculative_tokens,
+                               speculative_method=s.speculative_method,
+                               scheduler_reserve_full_isl=s.scheduler_reserve_full_isl,
                                cuda_graphs=s.cuda_graphs)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from sim.core.kv import KVManager
+from sim.core.kv import KVManager, PagedBlockManager
 from sim.core.plan import StepPlan
 from sim.core.request import Request, RequestState
 from sim.core.schedulers.plan_builder import PlanBuilder
@@ -90,11 +90,15 @@ class RunningBatch:
         return req
 
     def schedule_running(self, budget: int, kv: KVManager, step: PlanBuilder,
-                         preempt: Callable[[Request], None], preempted: list[int]) -> int:
+                         preempt: Callable[[Request], None], preempted: list[int],
+                         naming: PagedBlockManager | None = None) -> int:
         """Give running sequences their tokens in admission order; returns the budget left.
 
         Same rule as the per-request path: each catches up to its known tokens while
         budget lasts; a table that cannot grow preempts from the tail (`preempt`).
+        `naming` (a prefix-caching pool) names the blocks this step fills, before
+        any admission: a running table has its first computed // block_size blocks
+        named, so only the rows that cross a block boundary need the call.
         """
         self._admitted = []
         all_decode, self._all_decode = self._all_decode, False
@@ -104,7 +108,7 @@ class RunningBatch:
             self._count, self._new, self._covers_all = 0, None, True
             return budget
         if all_decode and n <= budget:
-            return self._schedule_decodes(n, budget, kv, step, preempt, preempted)
+            return self._schedule_decodes(n, budget, kv, step, preempt, preempted, naming)
         state = self.state
         computed = state[COMPUTED, :n]
         remaining = state[KNOWN, :n] - computed  # >= 1 for every running sequence
@@ -129,11 +133,17 @@ class RunningBatch:
         if grow.size:
             count = min(count, self._grow_tables(grow.tolist(), target[grow].tolist(), kv,
                                                  preempt, preempted))
-        self._fill(step, count, computed[:count], new[:count], remaining[:count])
+        computed, new = computed[:count], new[:count]
+        if naming is not None:
+            ends = computed + new
+            for i in (ends // bs > computed // bs).nonzero()[0].tolist():
+                naming.cache_computed(self.rids[i], int(ends[i]))
+        self._fill(step, count, computed, new, remaining[:count])
         return left
 
     def _schedule_decodes(self, n: int, budget: int, kv: KVManager, step: PlanBuilder,
-                          preempt: Callable[[Request], None], preempted: list[int]) -> int:
+                          preempt: Callable[[Request], None], preempted: list[int],
+                          naming: PagedBlockManager | None) -> int:
         """Every running sequence is one plain decode: the saturated steady state."""
         computed = self.state[COMPUTED, :n]
         contexts = computed.tolist()
@@ -150,6 +160,9 @@ class RunningBatch:
                                       preempted)
                 del contexts[n:]
                 computed = computed[:n]
+        if naming is not None:  # the decoded token fills its block
+            for i in ((computed + 1) % self.block_size == 0).nonzero()[0].tolist():
+                naming.cache_computed(self.rids[i], contexts[i] + 1)
         step.request_ids = self.rids[:n]
         step.num_new = [1] * n
         step.contexts = contexts
