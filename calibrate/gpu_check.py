@@ -1,33 +1,50 @@
-"""One prepared GPU run: profile, fit and validate two models, inside a hard time limit.
+"""One prepared GPU run: correctness, speed against measured floors, then calibration.
 
-    python -m calibrate.gpu_check OUT_DIR            # an H100/H200: about 7 minutes
-    python -m calibrate.gpu_check OUT_DIR --smoke    # any CPU: the same path, tiny sizes
+    python -m calibrate.gpu_check OUT --smoke   # 45 s on a GPU (tiny sizes); any CPU in CI
+    python -m calibrate.gpu_check OUT           # an H100/H200: capped at 7 minutes
+    python -m calibrate.gpu_report OUT REPORT   # afterwards, where the simulator runs
 
-For each model (Llama-3-8B and Qwen2.5-1.5B shapes, random weights, bf16):
-`calibrate profile` on CUDA within a time budget, `calibrate fit`, then
-`calibrate validate` on a 200-request replay of the Azure LLM 2023
-conversation trace (builtin:azure_conv, or `--trace FILE`). Everything goes under OUT_DIR:
-OUT_DIR/<model>/table (the calibration table), OUT_DIR/<model>/fidelity (the
-report), OUT_DIR/summary.md and summary.json (both fidelity tables, the
-device, versions and timings), and the fidelity tables are printed.
+It needs torch and the project only: no simpy, no pydantic (a bare GPU image
+has neither). In order, each phase writing its results as it ends:
 
-The time guard: phases get budgets from what is left of `--deadline-s`; a
-validation that cannot finish in time is skipped; the deadline is checked
-before every model and phase, and once it has passed the run stops there,
-writes the summary so far and exits with 3. A SIGALRM at the deadline is only
-the backstop for a phase that overruns its budget (repeated until it lands).
+1. correctness (calibrate/gpu_correct.py): the attention kernel in bf16 against
+   a dense reference; CUDA-graph decode against eager on the same inputs
+   (identical greedy tokens); exactly one host wait per engine step (torch's
+   sync debug mode); a decode step's allocation against its live KV.
+2. floors and speed (calibrate/gpu_speed.py): copy bandwidth and bf16 matmul
+   rate, then Llama-3-8B decode at batch 1/8/64/256 x 512/4k context (and 64 x
+   2k), prefill of 512/2k/8k tokens, each against its floor and the targets;
+   the same greedy batch through transformers' `generate` as a ratio.
+3. calibration, per model (Llama-3-8B, Qwen2.5-1.5B): `calibrate profile`
+   within a budget, `calibrate fit`, then the engine's replay of its committed
+   plan (calibrate/gpu_plan/, 200 Azure-conversation requests) recorded as
+   JSON. The simulator's side of the fidelity report runs afterwards,
+   elsewhere, from these files (calibrate/gpu_report.py).
+
+Under OUT: results.json and summary.md (rewritten after every phase) and one
+<model>.tar.gz per model (table + engine record, rewritten as each part ends),
+so a stop keeps what was done and OUT stays within a few files.
+
+The time guard: phases get budgets from what is left of the deadline; a replay
+that cannot finish in time is skipped; the deadline is checked before every
+phase, and once it has passed the run stops there, writes what it has and
+exits with 3. A SIGALRM at the deadline is only the backstop for a phase
+that overruns (repeated until it lands).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
+import io
 import signal
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
+import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,120 +54,15 @@ if __package__ in (None, ""):  # run as a file: make the checkout importable
 import torch  # noqa: E402
 
 from calibrate.fit import fit_table, format_report  # noqa: E402
+from calibrate.gpu_guard import Alarm, Deadline, Plan, TimeUp  # noqa: E402
+from calibrate.gpu_phases import correctness, speed  # noqa: E402
+from calibrate.gpu_plan import PLAN_DIR, load_plan  # noqa: E402
+from calibrate.gpu_summary import write_summary  # noqa: E402
+from calibrate.plain_replay import run_plan, write_record  # noqa: E402
 from calibrate.profile import ProfileSettings, profile_engine  # noqa: E402
-from calibrate.report import metrics_markdown, report_dict, write_report  # noqa: E402
-from calibrate.validate import validate  # noqa: E402
-from sim.config.loader import validate_scenario  # noqa: E402
-from sim.workload import make_requests  # noqa: E402
+from calibrate.rig import git_commit  # noqa: E402
 
-TRACE = "builtin:azure_conv"  # shipped with servesim (sim/workload/data/traces)
-CPU_HOST = {"name": "cpu-host", "bf16_flops_per_s": 5.0e10, "memory_bytes": 268435456,
-            "memory_bandwidth_bytes_per_s": 1.0e10,
-            "interconnect_bandwidth_bytes_per_s": 1.0e10,
-            "host_link_bandwidth_bytes_per_s": 1.0e10}
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What one run does; `full()` is the GPU run, `smoke()` the same path on a CPU."""
-
-    device: str
-    models: tuple[tuple[str, float], ...]  # (model, profile budget in seconds)
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    max_model_len: int
-    repeats: int
-    passes: int
-    num_requests: int
-    time_scale: float
-    validate_overhead_s: float  # engine build + graph capture + the two simulations
-
-    @staticmethod
-    def full() -> Plan:
-        return Plan("cuda", (("llama-3-8b", 110.0), ("qwen2.5-1.5b", 55.0)), 2048, 128, 8192,
-                    5, 1, 200, 2.0, 45.0)
-
-    @staticmethod
-    def smoke() -> Plan:
-        return Plan("cpu", (("tiny", 4.0),), 256, 16, 2048, 2, 1, 4, 16.0, 10.0)
-
-
-class TimeUp(Exception):
-    """The deadline passed."""
-
-
-class Alarm:
-    """The SIGALRM handler: raise TimeUp, remember that it fired, and fire again shortly.
-
-    Python prints and drops an exception raised while a finalizer or gc callback
-    runs, so one alarm may never reach `main`: it re-arms until caught, and `main`
-    also reads `fired` when the work ended without seeing it.
-    """
-
-    rearm_s = 0.5
-
-    def __init__(self) -> None:
-        self.fired = False
-
-    def __call__(self, _signum: int, _frame: Any) -> None:
-        self.fired = True
-        signal.setitimer(signal.ITIMER_REAL, self.rearm_s)
-        raise TimeUp
-
-
-class Deadline:
-    """The time guard's clock: `check()` at safe points raises TimeUp once the deadline has
-    passed. `clock` (seconds) is the monotonic clock, or a test's fake one."""
-
-    def __init__(self, seconds: float, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.clock = clock
-        self.seconds = seconds
-        self.at_s = clock() + seconds
-        self.fired = False
-
-    def left_s(self) -> float:
-        return self.at_s - self.clock()
-
-    def check(self) -> None:
-        if self.left_s() <= 0:
-            self.fired = True
-            raise TimeUp
-
-
-def find_trace(explicit: str | None) -> tuple[str, str]:
-    """(workload trace path, what it is): `--trace FILE`, else the shipped Azure trace."""
-    if explicit is None:
-        return TRACE, f"Azure LLM 2023 conversation trace ({TRACE})"
-    path = Path(explicit)
-    if not path.is_file():
-        raise FileNotFoundError(f"--trace: {explicit} is not a file")
-    return str(path.resolve()), f"trace {path}"
-
-
-def scenario_for(model: str, plan: Plan, trace: str) -> Any:
-    """The validation scenario: the trace's first requests on this device, the profile's
-    scheduler budgets."""
-    if plan.device == "cuda":
-        name = torch.cuda.get_device_name()
-        base = "h200" if "H200" in name.upper() else "h100-sxm"
-        memory = torch.cuda.get_device_properties(0).total_memory
-        hardware: dict[str, Any] = {"gpu": {"base": base, "name": name, "memory_bytes": memory},
-                                    "memory_utilization": 0.5}
-    else:
-        hardware = {"gpu": CPU_HOST, "memory_utilization": 0.5}
-    raw = {
-        "name": f"gpu_check_{model}", "seed": 0, "model": model, "hardware": hardware,
-        "scheduler": {"policy": "continuous", "max_num_seqs": plan.max_num_seqs,
-                      "max_num_batched_tokens": plan.max_num_batched_tokens,
-                      "max_model_len": plan.max_model_len},
-        "kv": {"block_size": 16},
-        "engine": {"device": plan.device, "dtype": "auto", "cuda_graphs": True,
-                   "sampling": {"temperature": 0.0}},
-        "workload": {"trace": {"path": trace, "time_scale": plan.time_scale},
-                     "num_requests": plan.num_requests},
-        "slo": {"ttft_ms": 500, "tpot_ms": 50},
-    }
-    return validate_scenario(raw, f"gpu_check scenario for {model}")
+GIB = 2**30
 
 
 def _free_device() -> None:
@@ -159,77 +71,100 @@ def _free_device() -> None:
         torch.cuda.empty_cache()
 
 
-def run_model(model: str, budget_s: float, plan: Plan, trace: str, out: Path,
-              guard: Deadline, log: dict[str, Any]) -> None:
-    """Profile, fit and validate one model; fills `log` as each phase ends, and checks the
-    guard before each phase starts."""
-    table = out / model / "table"
+def environment(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda,
+                            "python": sys.version.split()[0], "commit": git_commit()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info |= {"device": props.name, "multiprocessors": props.multi_processor_count,
+                 "memory_GiB": props.total_memory / GIB}
+        try:
+            done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,"
+                                   "clocks.max.mem", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=10, check=False)
+            info["nvidia_smi"] = done.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+        try:
+            import triton
+
+            info["triton"] = triton.__version__
+        except ImportError:
+            info["triton"] = None
+    else:
+        info["device"] = "cpu"
+    return info
+
+
+def _phase(results: dict[str, Any], name: str, work: Callable[[], Any]) -> None:
+    """Run one phase: its result, or its error, goes into `results[name]`."""
     started = time.perf_counter()
-    settings = ProfileSettings(model=model, device=plan.device, block_size=16,
+    try:
+        results[name] = work()
+    except TimeUp:
+        raise
+    except Exception as err:  # noqa: BLE001 - a failed check is a result; the run goes on
+        partial = results.get(name) if isinstance(results.get(name), dict) else {}
+        results[name] = {**partial, "error": f"{type(err).__name__}: {err}",
+                         "traceback": traceback.format_exc(limit=6)}
+        print(f"== {name}: FAILED {err}", file=sys.stderr, flush=True)
+    if isinstance(results[name], dict):
+        results[name]["seconds"] = time.perf_counter() - started
+    _free_device()
+
+
+def _pack(out: Path, model: str, work: Path) -> None:
+    """Rewrite OUT/<model>.tar.gz from `work` (atomically: a stop keeps the last one)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(work, arcname=model)
+    partial = out / f".{model}.tar.gz.partial"
+    partial.write_bytes(buffer.getvalue())
+    partial.replace(out / f"{model}.tar.gz")
+
+
+def calibrate_model(model: str, budget_s: float, plan: Plan, out: Path, plan_dir: Path,
+                    guard: Deadline, log: dict[str, Any]) -> None:
+    """Profile, fit and replay one model; fills `log` and the model's archive as each part
+    ends, and checks the guard before each part starts."""
+    work = Path(tempfile.mkdtemp(prefix=f"gpu_check_{model}_"))
+    table = work / "table"
+    replay = load_plan(model, plan_dir)
+    (work / "plan.json").write_text(replay.to_json())
+    settings = ProfileSettings(model=model, device=plan.device, block_size=replay.block_size,
                                max_num_batched_tokens=plan.max_num_batched_tokens,
                                max_num_seqs=plan.max_num_seqs, max_model_len=plan.max_model_len,
-                               budget_s=max(1.0, budget_s), repeats=plan.repeats,
-                               passes=plan.passes)
+                               budget_s=max(1.0, budget_s), repeats=plan.repeats, passes=1)
     log["phase"] = "profile"
     guard.check()
     result = profile_engine(settings, table, show_progress=True)
     _free_device()
     log["profile"] = {"points": len(result.measurements), "grid_points": result.grid_points,
                       "measure_s": result.measure_s, "setup_s": result.setup_s,
-                      "device": result.metadata.device_name, "table": str(table)}
+                      "device": result.metadata.device_name}
+    _pack(out, model, work)
     log["phase"] = "fit"
     guard.check()
     report = fit_table(table)
     print(f"\n== {model}: fit ==\n{format_report(report)}", flush=True)
     log["fit"] = [{"kind": e.kind, "held_out": e.points, "mean_ape_pct": e.mean_ape_pct,
                    "p90_ape_pct": e.p90_ape_pct} for e in report.fit.held_out]
-    scenario = scenario_for(model, plan, trace)
-    span_s = max((r.arrival_s for r in make_requests(scenario.workload, scenario.seed)),
-                 default=0.0)
-    need_s = span_s * 1.3 + plan.validate_overhead_s
-    log["phase"] = "validate"
+    _pack(out, model, work)
+    log["phase"] = "replay"
     guard.check()
+    span_s = max((r[1] for r in replay.requests), default=0.0)
+    need_s = span_s * 1.3 + plan.replay_overhead_s
     left_s = guard.left_s()
     if need_s > left_s:
-        log["validate"] = f"skipped: needs about {need_s:.0f} s, {left_s:.0f} s left"
-        print(f"== {model}: validation {log['validate']}", flush=True)
+        log["replay"] = f"skipped: needs about {need_s:.0f} s, {left_s:.0f} s left"
+        print(f"== {model}: replay {log['replay']}", flush=True)
         return
-    fidelity = validate(scenario, None, table, show_progress=True)
-    write_report(fidelity, out / model / "fidelity", plots=True)
-    log["validate"] = report_dict(fidelity)
-    log["table_markdown"] = metrics_markdown(fidelity)
-    print(f"\n== {model}: fidelity ({fidelity.metadata.device_name}) ==\n"
-          f"{log['table_markdown']}", flush=True)
-    log["seconds"] = time.perf_counter() - started
+    record = run_plan(replay, torch.device(plan.device))
+    write_record(record, work / "record.json")
     _free_device()
-
-
-def write_summary(out: Path, logs: dict[str, dict[str, Any]], info: dict[str, Any]) -> Path:
-    lines = [f"# GPU calibration check on {info.get('device')}", "",
-             f"torch {info.get('torch')}, CUDA {info.get('cuda')}; workload: "
-             f"{info.get('trace')}, {info.get('requests')} requests at time scale "
-             f"{info.get('time_scale')}; {info.get('elapsed_s', 0):.0f} s in all"
-             + (f"; {info['stopped']}" if info.get("stopped") else ""), ""]
-    for model, log in logs.items():
-        lines += [f"## {model}", ""]
-        if "profile" in log:
-            p = log["profile"]
-            lines.append(f"Profiled {p['points']} of {p['grid_points']} shapes in "
-                         f"{p['measure_s']:.0f} s (+{p['setup_s']:.0f} s setup).")
-        if "fit" in log:
-            held = next((e for e in log["fit"] if e["kind"] == "all"), None)
-            if held:
-                lines.append(f"Fit held-out error: mean {held['mean_ape_pct']:.1f}%, "
-                             f"p90 {held['p90_ape_pct']:.1f}%.")
-        lines += ["", log.get("table_markdown", f"Validation: {log.get('validate', 'not run')}"),
-                  ""]
-    path = out / "summary.md"
-    path.write_text("\n".join(lines))
-    slim = {m: {k: v for k, v in log.items() if k != "table_markdown"}
-            for m, log in logs.items()}
-    (out / "summary.json").write_text(json.dumps({"info": info, "models": slim}, indent=2,
-                                                 default=str) + "\n")
-    return path
+    log["replay"] = {"steps": len(record.steps), "requests": len(record.requests["request_id"]),
+                     **record.info}
+    _pack(out, model, work)
 
 
 def main(argv: list[str] | None = None, clock: Callable[[], float] | None = None) -> int:
@@ -239,45 +174,74 @@ def main(argv: list[str] | None = None, clock: Callable[[], float] | None = None
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("out", help="output directory")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes on the CPU: checks the whole path in a minute")
+                        help="tiny sizes on this machine's device (45 s on a GPU; CPU in CI)")
     parser.add_argument("--deadline-s", type=float, default=None,
-                        help="hard limit for everything (default 450; smoke 240)")
-    parser.add_argument("--trace", default=None,
-                        help=f"a trace file to validate on (default: {TRACE})")
+                        help="hard limit for everything (default 420; smoke 45 on a GPU, "
+                             "240 on a CPU)")
+    parser.add_argument("--plans", default=str(PLAN_DIR),
+                        help="directory of replay plans (default: calibrate/gpu_plan)")
     args = parser.parse_args(argv)
-    plan = Plan.smoke() if args.smoke else Plan.full()
+    device_name = "cuda" if torch.cuda.is_available() else "cpu"
+    plan = Plan.tiny(device_name) if args.smoke else Plan.full()
     if plan.device == "cuda" and not torch.cuda.is_available():
         print(f"error: no CUDA device visible to torch {torch.__version__}; run with --smoke "
               "for the CPU path", file=sys.stderr)
         return 2
-    try:
-        trace, trace_note = find_trace(args.trace)
-    except FileNotFoundError as err:
-        print(f"error: {err}", file=sys.stderr)
+    plan_dir = Path(args.plans)
+    missing = [m for m, _ in plan.models if not (plan_dir / f"{m}.json").is_file()]
+    if missing:
+        print(f"error: --plans: {plan_dir} has no replay plan for {', '.join(missing)}; "
+              "python -m calibrate.gpu_plan writes them", file=sys.stderr)
+        return 2
+    if args.deadline_s is not None and not args.deadline_s > 0:
+        print(f"error: --deadline-s must be seconds > 0, got {args.deadline_s}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(plan.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     started = time.perf_counter()
-    deadline_s = args.deadline_s or (240.0 if args.smoke else 450.0)
+    deadline_s = args.deadline_s or plan.deadline_s
     guard = Deadline(deadline_s, clock or time.perf_counter)
-    info: dict[str, Any] = {
-        "device": torch.cuda.get_device_name() if plan.device == "cuda" else "cpu (smoke)",
-        "torch": torch.__version__, "cuda": torch.version.cuda, "trace": trace_note,
-        "requests": plan.num_requests, "time_scale": plan.time_scale,
-        "deadline_s": deadline_s}
-    logs: dict[str, dict[str, Any]] = {}
+    from gpu_engine.attention import attention_backend
+
+    backend = attention_backend(device)
+    results: dict[str, Any] = {"info": {**environment(device), "smoke": plan.smoke,
+                                        "deadline_s": deadline_s, "dtype": str(dtype)},
+                               "models": {}}
     alarm = Alarm()
     previous = signal.signal(signal.SIGALRM, alarm) if clock is None else None
     if clock is None:
         signal.setitimer(signal.ITIMER_REAL, deadline_s)
+
+    def save() -> None:
+        results["info"]["elapsed_s"] = time.perf_counter() - started
+        write_summary(out, results)
+
     try:
+        save()
+        guard.check()
+        _phase(results, "correctness", lambda: correctness(plan, device, dtype, backend))
+        save()
+        guard.check()
+        _phase(results, "speed", lambda: speed(plan, device, dtype, results, guard))
+        save()
         for i, (model, budget_s) in enumerate(plan.models):
-            logs[model] = {"phase": "profile"}
+            log: dict[str, Any] = {"phase": "profile"}
+            results["models"][model] = log
             guard.check()
-            later = sum(b + plan.validate_overhead_s + 60 for _, b in plan.models[i + 1:])
-            budget = min(budget_s, guard.left_s() - later - 90)
-            run_model(model, budget, plan, trace, out, guard, logs[model])
-            logs[model].pop("phase", None)
+            later = sum(b + plan.replay_overhead_s + 45 for _, b in plan.models[i + 1:])
+            budget = min(budget_s, guard.left_s() - later - 60)
+            try:
+                calibrate_model(model, budget, plan, out, plan_dir, guard, log)
+            except TimeUp:
+                raise
+            except Exception as err:  # noqa: BLE001 - recorded; the next model still runs
+                log["error"] = f"{type(err).__name__}: {err}"
+                log["traceback"] = traceback.format_exc(limit=6)
+                print(f"== {model}: FAILED {err}", file=sys.stderr, flush=True)
+            log.pop("phase", None)
+            save()
     except TimeUp:
         pass
     finally:
@@ -286,15 +250,15 @@ def main(argv: list[str] | None = None, clock: Callable[[], float] | None = None
             signal.signal(signal.SIGALRM, previous)
     code = 0
     if alarm.fired or guard.fired:
-        phase = next((f"{m} {log['phase']}" for m, log in reversed(logs.items())
-                      if "phase" in log), "setup")
+        phase = next((f"{m} {log['phase']}" for m, log in reversed(results["models"].items())
+                      if "phase" in log), "correctness or speed")
         when = "during" if alarm.fired and not guard.fired else "before"
-        info["stopped"] = f"stopped by the {deadline_s:.0f} s time guard {when} {phase}"
-        print(f"\n{info['stopped']}", file=sys.stderr)
+        results["info"]["stopped"] = f"stopped by the {deadline_s:.0f} s time guard {when} {phase}"
+        print(f"\n{results['info']['stopped']}", file=sys.stderr)
         code = 3
-    info["elapsed_s"] = time.perf_counter() - started
-    summary = write_summary(out, logs, info)
-    print(f"\nwrote {summary} ({info['elapsed_s']:.0f} s)")
+    save()
+    print((out / "summary.md").read_text(), flush=True)
+    print(f"wrote {out} ({results['info']['elapsed_s']:.0f} s)")
     return code
 
 

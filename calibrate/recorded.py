@@ -70,6 +70,12 @@ def resimulate(scenario: Scenario, base_dir: Path | None, steps: Sequence[StepLo
 
     Raises `Diverged` where a plan differs or the step counts do not match.
     """
+    return resimulate_setup(scenario, base_dir, steps).recorder
+
+
+def resimulate_setup(scenario: Scenario, base_dir: Path | None, steps: Sequence[StepLog]
+                     ) -> ReplicaSetup:
+    """`resimulate`, keeping the replica it ran (its recorder, scheduler and KV pool)."""
     replica = build_replica(scenario, kv_budget(scenario))
     latency = RecordedSteps(steps)
     recorder = RunRecorder()
@@ -80,4 +86,4 @@ def resimulate(scenario: Scenario, base_dir: Path | None, steps: Sequence[StepLo
     if latency.unused:
         raise Diverged(f"the engine ran {len(steps)} steps, the simulator "
                        f"{len(steps) - latency.unused}")
-    return recorder
+    return setup

@@ -9,6 +9,7 @@ is sized for the largest grid point that fits this device's memory.
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,11 +18,11 @@ import torch
 
 from calibrate.grid import GridLimits, default_grid
 from calibrate.settings import ProfileSettings
+from gpu_engine.devices import available_memory_bytes, resolve_device, resolve_dtype
 from gpu_engine.engine import Engine
 from gpu_engine.kv_cache import PagedKVCache
 from gpu_engine.model import LlamaModel
 from gpu_engine.runner import ModelRunner
-from gpu_engine.setup import available_memory_bytes, resolve_device, resolve_dtype
 from gpu_engine.weights import build_model
 from sim.config.catalogue import get_model
 from sim.config.costs import activation_reserve_bytes, kv_bytes_per_token
@@ -59,14 +60,16 @@ class Rig:
 
 
 def git_commit() -> str:
-    """This checkout's commit (`git rev-parse HEAD`), or "unknown" outside a git checkout."""
+    """This checkout's commit (`git rev-parse HEAD`); outside a git checkout (a copy of the
+    tree on a GPU machine) the SERVESIM_COMMIT environment variable, else "unknown"."""
+    fallback = os.environ.get("SERVESIM_COMMIT", "unknown")
     try:
         done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_REPO, capture_output=True,
                               text=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return fallback
     commit = done.stdout.strip()
-    return commit if done.returncode == 0 and commit else "unknown"
+    return commit if done.returncode == 0 and commit else fallback
 
 
 def device_name(device: torch.device) -> str:

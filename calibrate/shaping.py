@@ -39,7 +39,7 @@ class _NoKernels:
 
     def prepare(self, new_token_ids: list[list[int]], context_tokens: tuple[int, ...],
                 block_tables: tuple[tuple[int, ...], ...], emits_token: tuple[bool, ...],
-                min_seqs: int = 0) -> _Rows:
+                min_seqs: int = 0, **_: object) -> _Rows:
         return _Rows(max(min_seqs, len(new_token_ids)), sum(emits_token))
 
     def execute(self, inputs: _Rows, sample: Callable[[torch.Tensor], torch.Tensor]

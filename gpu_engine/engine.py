@@ -27,7 +27,7 @@ from gpu_engine.kv_cache import PagedKVCache
 from gpu_engine.model import LlamaModel
 from gpu_engine.prompts import prompt_token_ids
 from gpu_engine.runner import ModelRunner
-from gpu_engine.sampling import SamplingParams, make_generator, sample
+from gpu_engine.sampling import SamplingParams, sample
 from gpu_engine.spec_step import execute_speculative
 from gpu_engine.speculative import ModelDrafter, NgramDrafter
 from sim.core.drive import drive
@@ -74,7 +74,7 @@ class _Sequence:
     request: Request
     token_ids: list[int]  # prompt, then every emitted token
     sampling: SamplingParams
-    generator: torch.Generator | None
+    seed: int | None  # sampled requests' seed (gpu_engine.sampling.uniforms)
     stopped: bool = False  # hit EOS with stop_at_eos: the stream ends there
 
 
@@ -109,12 +109,11 @@ class Engine:
                     now: float | None = None) -> bool:
         """Queue `request` (its prompt ids, or ids synthesised from the engine seed)."""
         ids = prompt_token_ids(request, self.vocab_size, self.seed)
-        generator = None
+        seed = None
         if sampling.temperature > 0:
             seed = sampling.seed if sampling.seed is not None else \
                 self.seed * _SEED_STRIDE + request.request_id
-            generator = make_generator(seed, self.runner.device)
-        self._seqs[request.request_id] = _Sequence(request, ids, sampling, generator)
+        self._seqs[request.request_id] = _Sequence(request, ids, sampling, seed)
         accepted = self.scheduler.add(request, self.clock.now() if now is None else now)
         if not accepted:
             del self._seqs[request.request_id]
@@ -184,12 +183,13 @@ class Engine:
             return (*execute_speculative(self.runner, self.drafter, plan, seqs, new_ids),
                     plan.batch_size)
         inputs = self.runner.prepare(new_ids, plan.context_tokens, plan.block_tables,
-                                     plan.emits_token, min_seqs=plan.shape.padded_batch)
+                                     plan.emits_token, min_seqs=plan.shape.padded_batch,
+                                     seq_ids=plan.request_ids)
         emitting = [s for s, e in zip(seqs, plan.emits_token, strict=True) if e]
 
         def draw(logits: torch.Tensor) -> torch.Tensor:
-            return sample(logits, [s.sampling for s in emitting],
-                          [s.generator for s in emitting])
+            return sample(logits, [s.sampling for s in emitting], [s.seed for s in emitting],
+                          [len(s.token_ids) for s in emitting])
 
         token_ids, device_s = self.runner.execute(inputs, draw)
         return token_ids, (), device_s, inputs.num_seqs

@@ -51,3 +51,11 @@ class PagedKVCache:
     def bytes_total(self) -> int:
         """Bytes held by every layer's K and V, null block included."""
         return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store the new tokens' K/V at their slots (padding rows land in the null block)."""
+    num_kv_heads, head_dim = k_cache.shape[-2:]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from gpu_engine.clock import WallClock
 from gpu_engine.engine import StepLog
 from gpu_engine.host import ThreadCpuClock, frozen_gc, steady_malloc
-from gpu_engine.runner import ModelRunner, block_width_bucket
+from gpu_engine.runner import ModelRunner
 from gpu_engine.sampling import SamplingParams
 from gpu_engine.setup import EngineSetup, build_engine
 from sim.config.scenario import Scenario
@@ -110,16 +110,9 @@ def replay_scenario(scenario: Scenario, base_dir: Path | None = None,
 
 def capture_reachable_graphs(runner: ModelRunner, requests: Sequence[Request],
                              block_size: int) -> int:
-    """Capture every decode graph (batch bucket x block-table width) the requests can reach,
-    so that no capture stalls a served step. Returns how many were captured."""
+    """Capture every decode graph (one per batch bucket: the attention reads block tables in
+    place, so no graph depends on context length) before the first arrival, so that no
+    capture stalls a served step. Returns how many graphs there are."""
     if not runner.use_graphs or not requests:
         return 0
-    longest = max(r.prompt_tokens + r.output_tokens for r in requests)
-    need = block_width_bucket(math.ceil(longest / block_size), runner.max_blocks_per_seq)
-    widths, width = [], block_width_bucket(1, runner.max_blocks_per_seq)
-    while True:
-        widths.append(width)
-        if width >= need:
-            break
-        width = block_width_bucket(width + 1, runner.max_blocks_per_seq)
-    return runner.capture_all(tuple(widths))
+    return runner.capture_all()

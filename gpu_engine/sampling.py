@@ -3,15 +3,24 @@
 Order of processing, as in vLLM and Hugging Face: divide by the temperature,
 keep the k largest logits, then keep the smallest set of tokens whose mass is
 at least p (always at least one), renormalise and draw. Greedy rows take the
-argmax and consume no randomness, so a greedy request never disturbs a
-sampled one's stream. Each sampled row draws one uniform number from its own
-generator and inverts the cumulative distribution, so a request's tokens
-depend on its seed and its logits only, never on who shares its batch.
+argmax, build no probability vector and use no randomness.
 
-Rows are processed together: per-row temperature, k and p are tensors and
-the top-k/top-p filters work on one descending sort of the whole batch. Only
-the one uniform per row is drawn row by row, on the host (a generator belongs
-to a request), then copied over once.
+Randomness is a pure function, not a generator's state: the uniform that
+draws the token at position `pos` of a request with seed `s` is
+`uniforms(s, pos, purpose)`, a counter-based hash (splitmix64 rounds in
+numpy, computed for all sampled rows of a step at once, on the host). What
+that keeps of a seeded generator: a request's tokens depend on its seed, its
+logits and positions only, never on who shares its batch or on the device;
+the same seed gives the same tokens run after run. What it adds: no state to
+carry or roll back, so a request preempted and recomputed draws the very same
+uniforms again, and speculative verification can ask for the uniform of any
+position without having consumed the ones before it. `purpose` separates the
+independent streams a position needs (the draw itself, a draft's acceptance
+test, a draft model's own draw).
+
+All rows are processed together: per-row temperature, k and p are tensors
+staged to the device with the uniforms in one non-blocking copy, and the
+top-k/top-p filters work on one descending sort of the whole batch.
 """
 
 from __future__ import annotations
@@ -20,10 +29,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
-_SEED_MODULUS = 2**64  # torch generators take 64-bit seeds
+from gpu_engine.staging import stage
+
+SAMPLE, ACCEPT, DRAFT = 0, 1, 2  # purposes: independent uniform streams of one position
+_SEED_MODULUS = 2**64
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,53 +75,69 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
-    """A request's generator, seeded with `seed` (modulo 2**64, so any int works).
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (numpy wraps multiplication mod 2**64)."""
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
 
-    `device` is where the logits live; the generator stays on the host whatever
-    it is: a row draws one number per step, which costs less there than a kernel
-    launch per row, and a seed then gives the same draws on every device.
+
+def uniforms(seeds: Sequence[int], positions: Sequence[int], purpose: int = SAMPLE
+             ) -> np.ndarray:
+    """float64 uniforms in [0, 1), one per (seed, position): a pure function of the three.
+
+    Seeds are taken modulo 2**64, so any non-negative integer works.
     """
-    torch.device(device)  # still reject a malformed device name early
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed(seed % _SEED_MODULUS)
-    return generator
+    seed = np.array([s % _SEED_MODULUS for s in seeds], dtype=np.uint64)
+    pos = np.asarray(positions, dtype=np.uint64)
+    z = _mix(seed + _GOLDEN)
+    z = _mix(z ^ (pos * _GOLDEN + np.uint64(purpose + 1)))
+    z = _mix(z + _GOLDEN)
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def _filtered_probs(logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:
-    """(E, V) probabilities after temperature, top-k and top-p, one params per row."""
+@dataclass(frozen=True, slots=True)
+class RowParams:
+    """Per-row sampling parameters on the device (E rows) and what the host knows of them."""
+
+    temperature: Tensor  # (E,) float32
+    top_k: Tensor  # (E,) int64
+    top_p: Tensor  # (E,) float64
+    use_k: bool  # some row keeps fewer than the whole vocabulary
+    use_p: bool
+
+
+def row_params(params: Sequence[SamplingParams], vocab: int, device: torch.device
+               ) -> RowParams:
+    staged = stage([([p.temperature for p in params], torch.float32),
+                    ([p.top_k for p in params], torch.int64),
+                    ([p.top_p for p in params], torch.float64)], device)
+    temperature, top_k, top_p = staged.views
+    return RowParams(temperature, top_k, top_p, any(0 < p.top_k < vocab for p in params),
+                     any(p.top_p < 1 for p in params))
+
+
+def filtered_probs(logits: Tensor, rows: RowParams) -> Tensor:
+    """(E, V) probabilities after temperature, top-k and top-p, one parameter set per row."""
     vocab = logits.shape[-1]
-    temperature, top_k, top_p = _row_tensors(params, logits.device)
-    scaled = logits.float() / temperature.unsqueeze(-1)
-    # decided from the params on the host, so no device sync
-    use_k = any(0 < p.top_k < vocab for p in params)
-    use_p = any(p.top_p < 1 for p in params)
-    if not (use_k or use_p):
+    scaled = logits.float() / rows.temperature.unsqueeze(-1)
+    if not (rows.use_k or rows.use_p):
         return torch.softmax(scaled, dim=-1)
     ordered, order = scaled.sort(dim=-1, descending=True)
     rank = torch.arange(vocab, device=scaled.device)
-    if use_k:
-        k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
+    if rows.use_k:
+        k = torch.where(rows.top_k > 0, rows.top_k.clamp(max=vocab), vocab)
         # ties with the k-th largest logit stay: none of them is smaller than it
         kth = ordered.gather(-1, (k - 1).unsqueeze(-1))
         ordered = ordered.masked_fill(ordered < kth, -math.inf)
-    if use_p:
+    if rows.use_p:
         probs = torch.softmax(ordered.double(), dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs
-        limit = top_p.unsqueeze(-1)
+        limit = rows.top_p.unsqueeze(-1)
         drop = (mass_before >= limit) & (rank > 0) & (limit < 1)
         ordered = ordered.masked_fill(drop, -math.inf)
     filtered = torch.empty_like(ordered).scatter_(-1, order, ordered)
     return torch.softmax(filtered, dim=-1)
-
-
-def _row_tensors(params: Sequence[SamplingParams], device: torch.device
-                 ) -> tuple[Tensor, Tensor, Tensor]:
-    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32,
-                               device=device)
-    top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
-    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float64, device=device)
-    return temperature, top_k, top_p
 
 
 def probabilities(logits: Tensor, params: SamplingParams) -> Tensor:
@@ -117,42 +148,45 @@ def probabilities(logits: Tensor, params: SamplingParams) -> Tensor:
         one_hot = torch.zeros(rows.shape, dtype=torch.float32, device=rows.device)
         one_hot.scatter_(-1, rows.argmax(dim=-1, keepdim=True), 1.0)
         return one_hot.reshape(logits.shape)
-    return _filtered_probs(rows, [params] * rows.shape[0]).reshape(logits.shape)
+    row = row_params([params] * rows.shape[0], vocab, rows.device)
+    return filtered_probs(rows, row).reshape(logits.shape)
 
 
-def _draw(probs: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
-    """One token per row by inverting its CDF at a uniform from the row's own generator."""
-    uniforms = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=g.device)
-                          for g in generators]).to(probs.device)
+def draw(probs: Tensor, u: Tensor) -> Tensor:
+    """One token per row by inverting its CDF at the row's uniform `u` (float64, on device)."""
     cdf = probs.double().cumsum(dim=-1)
     total = cdf[:, -1]
     # strictly below the total even after rounding, so the first cdf above it always
     # exists and is never a zero-probability token (its cdf equals its predecessor's)
-    target = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target.unsqueeze(-1), right=True).squeeze(-1)
 
 
-def sample(logits: Tensor, params: Sequence[SamplingParams],
-           generators: Sequence[torch.Generator | None]) -> Tensor:
-    """(E, V) logits, one row per emitting sequence -> (E,) int64 token ids."""
+def sample(logits: Tensor, params: Sequence[SamplingParams], seeds: Sequence[int | None],
+           positions: Sequence[int]) -> Tensor:
+    """(E, V) logits, one row per emitting sequence -> (E,) int64 token ids.
+
+    `seeds[i]` and `positions[i]`: row i's request seed and the position of the token it
+    draws (its sequence's length before the token); only sampled rows read them.
+    """
     if logits.dim() != 2:
         raise ValueError(f"logits must be (rows, vocab), got shape {tuple(logits.shape)}")
     rows = logits.shape[0]
-    if len(params) != rows or len(generators) != rows:
-        raise ValueError(f"{rows} logit rows but {len(params)} params and "
-                         f"{len(generators)} generators; give one of each per row")
+    if not len(params) == len(seeds) == len(positions) == rows:
+        raise ValueError(f"{rows} logit rows but {len(params)} params, {len(seeds)} seeds and "
+                         f"{len(positions)} positions; give one of each per row")
     tokens = logits.argmax(dim=-1)
     sampled = [i for i, p in enumerate(params) if not p.is_greedy]
     if not sampled:
         return tokens
-    chosen_generators: list[torch.Generator] = []
     for i in sampled:
-        generator = generators[i]
-        if generator is None:
+        if seeds[i] is None:
             raise ValueError(f"row {i} samples at temperature {params[i].temperature} "
-                             "but has no generator; make one with make_generator(seed, device)")
-        chosen_generators.append(generator)
-    index = torch.tensor(sampled, dtype=torch.long, device=logits.device)
-    probs = _filtered_probs(logits.index_select(0, index), [params[i] for i in sampled])
-    tokens[index] = _draw(probs, chosen_generators)
-    return tokens
+                             "but has no seed")
+    chosen = [params[i] for i in sampled]
+    u = uniforms([seeds[i] for i in sampled], [positions[i] for i in sampled])  # type: ignore[misc]
+    staged = stage([(sampled, torch.int64), (u, torch.float64)], logits.device)
+    index, u_dev = staged.views
+    probs = filtered_probs(logits.index_select(0, index),
+                           row_params(chosen, logits.shape[-1], logits.device))
+    return tokens.index_copy_(0, index, draw(probs, u_dev))

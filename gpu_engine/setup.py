@@ -9,12 +9,17 @@ of blocks and the same scheduling code; only the step's duration differs
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from gpu_engine.devices import (  # noqa: F401 - re-exported for callers of this module
+    EngineSetupError,
+    available_memory_bytes,
+    resolve_device,
+    resolve_dtype,
+)
 from gpu_engine.engine import Engine
 from gpu_engine.kv_cache import PagedKVCache
 from gpu_engine.runner import ModelRunner
@@ -25,12 +30,6 @@ from sim.config.costs import weights_bytes
 from sim.config.scenario import Scenario
 from sim.core.kv import KVBudget
 from sim.latency import LatencyModel
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class EngineSetupError(ValueError):
-    """The scenario cannot run on this engine or machine (a user error, not a bug)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,33 +44,6 @@ class EngineSetup:
     def description(self) -> str:
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         return f"engine({name}, {str(self.dtype).removeprefix('torch.')})"
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise EngineSetupError("engine.device: 'cuda' asked for, but torch sees no CUDA device "
-                               f"(torch {torch.__version__}); use 'cpu' or 'auto'")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
-
-
-def available_memory_bytes() -> int:
-    """Host memory the engine may still take (MemAvailable where the OS tells it)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def check_fits(scenario: Scenario, num_blocks: int, device: torch.device,

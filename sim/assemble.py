@@ -82,12 +82,12 @@ def build_block_manager(scenario: Scenario, budget: KVBudget) -> KVManager:
                              enable_prefix_cache=kv.prefix_caching, host_swap_blocks=host_blocks)
 
 
-def build_scheduler(scenario: Scenario, kv: KVManager, device: str | None = None) -> Scheduler:
-    """The scenario's policy over `kv`; `device` ("cpu" or "cuda") is where the engine runs
+def scheduler_settings(scenario: Scenario, device: str | None = None) -> SchedulerSettings:
+    """The scenario's scheduler settings; `device` ("cpu" or "cuda") is where the engine runs
     (None: the scenario's engine.device), which decides whether decode steps are padded to
     CUDA-graph batch sizes (engine.cuda_graphs)."""
     cfg = scenario.scheduler
-    settings = SchedulerSettings(
+    return SchedulerSettings(
         max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         chunked_prefill=cfg.chunked_prefill,
@@ -101,7 +101,11 @@ def build_scheduler(scenario: Scenario, kv: KVManager, device: str | None = None
         scheduler_reserve_full_isl=cfg.scheduler_reserve_full_isl,
         cuda_graphs=scenario.engine.uses_cuda_graphs(device),
     )
-    return build_policy(cfg.policy, kv, settings)
+
+
+def build_scheduler(scenario: Scenario, kv: KVManager, device: str | None = None) -> Scheduler:
+    """The scenario's policy over `kv` (`device`: see scheduler_settings)."""
+    return build_policy(scenario.scheduler.policy, kv, scheduler_settings(scenario, device))
 
 
 def build_replica(scenario: Scenario, budget: KVBudget, device: str | None = None

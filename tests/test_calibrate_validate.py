@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ import pytest
 
 pytest.importorskip("torch")  # the engine's side; a simulator-only install skips this file
 
-from calibrate import gpu_check  # noqa: E402
+from calibrate import gpu_check, gpu_plan, gpu_report  # noqa: E402
 from calibrate.bracket import bracket_problems, replay_passes  # noqa: E402
 from calibrate.fit import fit_table  # noqa: E402
 from calibrate.profile import ProfileSettings, profile_engine  # noqa: E402
@@ -329,22 +330,33 @@ class FakeClock:
         return self.t_s
 
 
-def test_gpu_script_smoke_runs_the_whole_path(tmp_path: Path) -> None:
-    assert gpu_check.main([str(tmp_path), "--smoke"], clock=FakeClock()) == 0
-    summary = (tmp_path / "summary.md").read_text()
-    assert "| TTFT p50 (ms) |" in summary and "## tiny" in summary
-    assert "stopped" not in summary
-    data = json.loads((tmp_path / "summary.json").read_text())
+def test_gpu_script_smoke_runs_the_whole_path_and_the_report_after_it(tmp_path: Path) -> None:
+    """The GPU half (correctness, speed, profile, fit, recorded replay), then the simulator's
+    half from its files: the world check is exact and every metric is reported."""
+    out, report = tmp_path / "out", tmp_path / "report"
+    assert gpu_check.main([str(out), "--smoke"], clock=FakeClock()) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["results.json", "summary.md",
+                                                     "tiny.tar.gz"]
+    data = json.loads((out / "results.json").read_text())
+    correct = data["correctness"]
+    assert correct["attention_ok"] and correct["host_syncs_per_step"]["ok"]
+    assert {r["kind"] for r in data["speed"]["rows"]} == {"decode", "prefill"}
     model = data["models"]["tiny"]
-    assert model["profile"]["points"] >= 10 and model["validate"]["metrics"]
-    assert (tmp_path / "tiny" / "table" / "fit.json").is_file()
-    assert (tmp_path / "tiny" / "fidelity" / "fidelity.md").is_file()
+    assert model["profile"]["points"] >= 10 and model["replay"]["requests"] == 4
+    assert "stopped" not in (out / "summary.md").read_text()
+    assert gpu_report.main([str(out), str(report)]) == 0
+    summary = (report / "summary.md").read_text()
+    assert "| TTFT p50 (ms) |" in summary and "## tiny" in summary
+    fidelity = json.loads((report / "results.json").read_text())["models"]["tiny"]["validate"]
+    assert fidelity["metrics"] and fidelity["info"]["world_check"] == "exact"
+    assert (report / "tiny" / "table" / "fit.json").is_file()
+    assert (report / "tiny" / "fidelity" / "fidelity.md").is_file()
 
 
 def test_gpu_script_time_guard_stops_at_the_next_phase_and_still_writes_a_summary(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The deadline passes during the fit (on a fake clock): the guard stops before the
-    validation, keeps what was done and exits with 3, whenever a signal would have landed."""
+    replay, keeps what was done and exits with 3, whenever a signal would have landed."""
     clock = FakeClock()
     fit = gpu_check.fit_table
 
@@ -356,14 +368,16 @@ def test_gpu_script_time_guard_stops_at_the_next_phase_and_still_writes_a_summar
     monkeypatch.setattr(gpu_check, "fit_table", slow_fit)
     assert gpu_check.main([str(tmp_path), "--smoke"], clock=clock) == 3
     summary = (tmp_path / "summary.md").read_text()
-    assert "stopped by the 240 s time guard before tiny validate" in summary
-    data = json.loads((tmp_path / "summary.json").read_text())
+    assert "stopped by the 240 s time guard before tiny replay" in summary
+    data = json.loads((tmp_path / "results.json").read_text())
     assert {"profile", "fit"} <= set(data["models"]["tiny"]) and \
-        "validate" not in data["models"]["tiny"]
-    assert not (tmp_path / "tiny" / "fidelity").exists()
+        "replay" not in data["models"]["tiny"]
+    with tarfile.open(tmp_path / "tiny.tar.gz") as tar:  # the table made it out
+        names = tar.getnames()
+    assert "tiny/table/fit.json" in names and "tiny/record.json" not in names
 
 
-def test_gpu_script_skips_a_validation_that_cannot_finish_in_time(
+def test_gpu_script_skips_a_replay_that_cannot_finish_in_time(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
     fit = gpu_check.fit_table
@@ -375,8 +389,29 @@ def test_gpu_script_skips_a_validation_that_cannot_finish_in_time(
 
     monkeypatch.setattr(gpu_check, "fit_table", fit_then_little_left)
     assert gpu_check.main([str(tmp_path), "--smoke"], clock=clock) == 0
-    data = json.loads((tmp_path / "summary.json").read_text())
-    assert data["models"]["tiny"]["validate"].startswith("skipped: needs about")
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["models"]["tiny"]["replay"].startswith("skipped: needs about")
+
+
+def test_gpu_script_imports_neither_simpy_nor_pydantic() -> None:
+    """The GPU image has neither: the script and everything it runs must do without."""
+    import subprocess
+    import sys
+
+    code = ("import sys, importlib.abc\n"
+            "class Block(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.split('.')[0] in ('simpy', 'pydantic', 'pydantic_core'):\n"
+            "            raise ImportError('blocked ' + name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import calibrate.gpu_check\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_committed_replay_plans_are_what_their_scenarios_give() -> None:
+    assert gpu_plan.main(["--check"]) == 0
 
 
 def test_deadline_is_checked_on_its_clock() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 torch = pytest.importorskip("torch")
@@ -11,9 +13,16 @@ torch = pytest.importorskip("torch")
 from gpu_engine.engine import Engine  # noqa: E402
 from gpu_engine.inputs import build_inputs  # noqa: E402
 from gpu_engine.kv_cache import PagedKVCache  # noqa: E402
-from gpu_engine.sampling import SamplingParams, make_generator  # noqa: E402
+from gpu_engine.sampling import SamplingParams  # noqa: E402
 from gpu_engine.setup import build_engine  # noqa: E402
-from gpu_engine.speculative import Draft, ModelDrafter, NgramDrafter, verify  # noqa: E402
+from gpu_engine.speculative import (  # noqa: E402
+    Drafts,
+    ModelDrafter,
+    NgramDrafter,
+    VerifyRow,
+    unpack,
+    verify,
+)
 from sim.assemble import build_latency  # noqa: E402
 from sim.config.scenario import Scenario  # noqa: E402
 from sim.core.request import Request  # noqa: E402
@@ -95,32 +104,50 @@ def test_speculative_replay_records_acceptance() -> None:
 
 @pytest.mark.parametrize("deterministic_draft", [False, True])
 def test_rejection_rule_preserves_the_target_distribution(deterministic_draft: bool) -> None:
-    """Emitted tokens follow p whatever q: the first token, and the second given the first."""
+    """Emitted tokens follow p whatever q: the first token, and the second given the first.
+
+    All trials are rows of one `verify` call (one request each, its own seed), so this is
+    also the batched rule's check: rows do not leak into each other.
+    """
     rng = np.random.default_rng(0)
     vocab, trials = 5, 4000
     target_logits = torch.tensor(rng.normal(0, 1.0, (3, vocab)), dtype=torch.float32)
     p = torch.softmax(target_logits, -1)
     q = torch.softmax(torch.tensor(rng.normal(0, 1.5, (2, vocab)), dtype=torch.float32), -1)
     params = SamplingParams(temperature=1.0)
-    gen = make_generator(1, "cpu")
-    firsts, seconds = np.zeros(vocab), np.zeros(vocab)
-    draft_gen = np.random.default_rng(2)
     q_rows = q.double().numpy()
     q_rows /= q_rows.sum(-1, keepdims=True)
-    x0 = 0
-    for _ in range(trials):
-        if deterministic_draft:
-            draft = Draft((x0, 1), None)
-        else:
-            draft = Draft(tuple(int(draft_gen.choice(vocab, p=q_rows[j])) for j in range(2)), q)
-        out = verify(target_logits, draft, params, gen)
+    if deterministic_draft:
+        host = ((0, 1),) * trials
+        drafts = Drafts(None, (2,) * trials, host)
+    else:
+        host = tuple(tuple(int(rng.choice(vocab, p=q_rows[j])) for j in range(2))
+                     for _ in range(trials))
+        drafts = Drafts(None, (2,) * trials, host, q.expand(trials, 2, vocab).contiguous(),
+                        tuple(range(trials)))
+    rows = [VerifyRow(3 * i, 2, i, 10, params, seed) for i, seed in enumerate(range(trials))]
+    flat = verify(target_logits.repeat(trials, 1), rows, drafts).tolist()
+    firsts, seconds = np.zeros(vocab), np.zeros(vocab)
+    for out, draft in zip(unpack(flat, trials, 2), host, strict=True):
         assert 1 <= len(out) <= 3
         firsts[out[0]] += 1
-        if len(out) > 1 and out[0] == draft.token_ids[0]:
+        if len(out) > 1 and out[0] == draft[0]:
             seconds[out[1]] += 1
     assert chisquare(firsts, expected_counts(p[0], firsts.sum())).pvalue > 1e-3
     assert seconds.sum() > trials / 10
     assert chisquare(seconds, expected_counts(p[1], seconds.sum())).pvalue > 1e-3
+
+
+def test_greedy_verify_keeps_the_drafts_the_argmax_agrees_with() -> None:
+    logits = torch.tensor([[0.0, 5.0, 0.0], [0.0, 0.0, 5.0], [5.0, 0.0, 0.0],  # 1, 2, 0
+                           [0.0, 0.0, 9.0],  # a row that drafts nothing: 2
+                           [9.0, 0.0, 0.0], [0.0, 9.0, 0.0], [0.0, 0.0, 9.0]])  # 0, 1, 2
+    greedy = SamplingParams()
+    rows = [VerifyRow(0, 2, 0, 5, greedy, None), VerifyRow(3, 0, -1, 7, greedy, None),
+            VerifyRow(4, 2, 1, 3, greedy, None)]
+    drafts = Drafts(None, (2, 2), ((1, 0), (0, 1)))
+    out = unpack(verify(logits, rows, drafts).tolist(), 3, 2)
+    assert out == [[1, 2], [2], [0, 1, 2]]  # one accepted then the fix; none; all + bonus
 
 
 def expected_counts(probs: torch.Tensor, total: float) -> np.ndarray:
@@ -160,3 +187,30 @@ def next_token_probs(engine: Engine, tokens: tuple[int, ...]) -> np.ndarray:
     with torch.inference_mode():
         logits = engine.model(inputs, kv)
     return torch.softmax(logits[0].double(), -1).numpy()
+
+
+def _scan_lookup(tokens: list[int], k: int, max_ngram: int = 3) -> tuple[int, ...]:
+    """Prompt lookup by rescanning the whole history: the rule the index must reproduce."""
+    for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
+        tail = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start:start + n] == tail:
+                follow = tokens[start + n:start + n + k]
+                return tuple(follow + [follow[-1]] * (k - len(follow)))
+    return (tokens[-1],) * k
+
+
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.lists(st.integers(0, 4), min_size=1, max_size=60),
+       growth=st.lists(st.integers(1, 5), min_size=1, max_size=12), k=st.integers(1, 4))
+def test_incremental_prompt_lookup_equals_a_rescan(tokens, growth, k) -> None:
+    """The per-request index gives the rescan's drafts after every step's growth."""
+    drafter = NgramDrafter()
+    seen = tokens[:1]
+    rest = iter(tokens[1:])
+    for add in growth:
+        assert drafter._lookup(7, seen, k) == _scan_lookup(seen, k)
+        seen = seen + [t for _, t in zip(range(add), rest, strict=False)]
+    assert drafter._lookup(7, seen, k) == _scan_lookup(seen, k) == drafter.lookup(seen, k)
+    drafter.forget(7)
+    assert drafter._lookup(7, seen[:2], k) == _scan_lookup(seen[:2], k)  # a fresh index

@@ -11,46 +11,63 @@ from scipy import stats
 torch = pytest.importorskip("torch")
 
 from gpu_engine.sampling import (  # noqa: E402
+    ACCEPT,
+    SAMPLE,
     SamplingParams,
-    make_generator,
     probabilities,
     sample,
+    uniforms,
 )
 
 CPU = torch.device("cpu")
 
 
 def _logits(rows: int, vocab: int, seed: int, scale: float = 3.0) -> torch.Tensor:
-    return torch.randn(rows, vocab, generator=make_generator(seed, CPU)) * scale
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, vocab, generator=generator) * scale
 
 
 def _draws(logits_row: torch.Tensor, params: SamplingParams, n: int, seed: int) -> np.ndarray:
-    """n tokens from one row, all drawn from one generator (rows share it in order)."""
-    generator = make_generator(seed, CPU)
+    """n tokens from one row: one request's draws at n successive positions."""
     batch = logits_row.expand(n, -1).contiguous()
-    return sample(batch, [params] * n, [generator] * n).numpy()
+    return sample(batch, [params] * n, [seed] * n, list(range(n))).numpy()
 
 
-def test_temperature_zero_is_argmax_and_consumes_no_randomness() -> None:
+def test_temperature_zero_is_argmax_and_needs_no_seed() -> None:
     logits = _logits(6, 50, seed=1)
     greedy, hot = SamplingParams(), SamplingParams(temperature=1.0, seed=3)
     params = [greedy, hot, greedy, hot, greedy, greedy]
-    generators = [make_generator(10 + i, CPU) for i in range(6)]
-    before = [g.get_state().clone() for g in generators]
-    tokens = sample(logits, params, generators)
+    seeds = [None, 3, None, 4, None, None]
+    tokens = sample(logits, params, seeds, [7] * 6)
     assert tokens.dtype == torch.int64 and tokens.shape == (6,)
     for i, p in enumerate(params):
         if p.is_greedy:
             assert tokens[i].item() == logits[i].argmax().item()
-            assert torch.equal(generators[i].get_state(), before[i])
-        else:
-            assert not torch.equal(generators[i].get_state(), before[i])
+    # a greedy row's neighbours do not change what a sampled row draws
+    alone = sample(logits[1:2], params[1:2], seeds[1:2], [7])
+    assert alone.item() == tokens[1].item()
 
 
-def test_all_greedy_needs_no_generators() -> None:
+def test_all_greedy_needs_no_seeds() -> None:
     logits = _logits(4, 30, seed=2)
-    tokens = sample(logits, [SamplingParams()] * 4, [None] * 4)
+    tokens = sample(logits, [SamplingParams()] * 4, [None] * 4, [0] * 4)
     assert torch.equal(tokens, logits.argmax(dim=-1))
+
+
+def test_uniforms_are_a_pure_function_of_seed_position_and_purpose() -> None:
+    seeds, positions = [0, 1, 2**70 + 3, 5] * 250, list(range(1000))
+    a = uniforms(seeds, positions)
+    assert np.array_equal(a, uniforms(seeds, positions))  # reproducible
+    assert ((a >= 0) & (a < 1)).all()
+    assert np.array_equal(uniforms([2**70 + 3], [2]), uniforms([(2**70 + 3) % 2**64], [2]))
+    # each stream differs from the others: another purpose, seed or position
+    assert not np.array_equal(a, uniforms(seeds, positions, ACCEPT))
+    assert uniforms([1], [5])[0] != uniforms([2], [5])[0] != uniforms([2], [6])[0]
+    # one request's stream over positions is uniform, and independent of its neighbour's
+    stream = uniforms([42] * 20_000, range(20_000), SAMPLE)
+    assert stats.kstest(stream, "uniform").pvalue > 1e-3
+    other = uniforms([43] * 20_000, range(20_000), SAMPLE)
+    assert abs(np.corrcoef(stream, other)[0, 1]) < 0.05
 
 
 @settings(max_examples=25, deadline=None)
@@ -92,8 +109,7 @@ def test_same_seed_same_tokens_different_seeds_differ() -> None:
     params = [SamplingParams(temperature=1.0, top_k=500, top_p=0.95)] * 64
 
     def run(seed: int) -> list[int]:
-        generator = make_generator(seed, CPU)
-        return sample(logits, params, [generator] * 64).tolist()
+        return sample(logits, params, [seed] * 64, list(range(64))).tolist()
 
     assert run(7) == run(7)
     assert run(7) != run(8)
@@ -105,9 +121,9 @@ def test_a_rows_tokens_do_not_depend_on_its_batch() -> None:
     params = [SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(),
               SamplingParams(temperature=1.3, top_k=20), SamplingParams(temperature=0.5),
               SamplingParams(temperature=2.0, top_k=5, top_p=0.5)]
-    batched = sample(logits, params, [make_generator(100 + i, CPU) for i in range(5)])
+    batched = sample(logits, params, [100 + i for i in range(5)], [9] * 5)
     for i in range(5):
-        alone = sample(logits[i:i + 1], params[i:i + 1], [make_generator(100 + i, CPU)])
+        alone = sample(logits[i:i + 1], params[i:i + 1], [100 + i], [9])
         assert alone.item() == batched[i].item()
 
 
@@ -157,13 +173,6 @@ def test_probabilities_keeps_leading_dimensions_and_greedy_is_one_hot() -> None:
     assert torch.equal(greedy.sum(-1), torch.ones(2, 3))
 
 
-def test_make_generator_takes_any_integer_seed() -> None:
-    big = 2**70 + 3
-    a = torch.rand(3, generator=make_generator(big, CPU))
-    b = torch.rand(3, generator=make_generator(big % 2**64, CPU))
-    assert torch.equal(a, b)
-
-
 @pytest.mark.parametrize(("field", "value"), [
     ("temperature", -0.1), ("temperature", float("nan")), ("temperature", float("inf")),
     ("top_k", -1), ("top_k", 2.5), ("top_p", 0.0), ("top_p", 1.5), ("seed", -3),
@@ -174,12 +183,12 @@ def test_bad_params_name_the_field_and_value(field: str, value: object) -> None:
         SamplingParams(**{field: value})
 
 
-def test_sample_rejects_a_sampled_row_without_generator_and_bad_shapes() -> None:
+def test_sample_rejects_a_sampled_row_without_seed_and_bad_shapes() -> None:
     logits = _logits(2, 10, seed=16)
     hot = SamplingParams(temperature=1.0)
     with pytest.raises(ValueError, match="row 1 samples at temperature 1.0"):
-        sample(logits, [SamplingParams(), hot], [None, None])
+        sample(logits, [SamplingParams(), hot], [None, None], [0, 0])
     with pytest.raises(ValueError, match="2 logit rows but 1 params"):
-        sample(logits, [hot], [make_generator(0, CPU)])
+        sample(logits, [hot], [0], [0])
     with pytest.raises(ValueError, match="rows, vocab"):
-        sample(logits[0], [hot], [make_generator(0, CPU)])
+        sample(logits[0], [hot], [0], [0])
