@@ -166,14 +166,24 @@ def run_engine(scenario: Scenario, base_dir: Path | None, device: str = "cpu",
             "load_avg_before": load_before,
             "load_avg_after": os.getloadavg(), "engine_setup_s": run.setup_s,
             "engine_wall_s": result.wall_s, "engine_steps": len(steps), "commit": git_commit(),
-            "torch_version": torch.__version__, "engine": result.latency_name}
+            "torch_version": torch.__version__, "engine": result.latency_name,
+            "device": device}
     return EngineReplay(result, steps, info)
+
+
+def on_device(scenario: Scenario, device: str) -> Scenario:
+    """The scenario as the engine ran it, its engine.device pinned to `device`: with
+    `engine.cuda_graphs` null the scheduler pads decode steps on a GPU only, so the simulator
+    must know where the engine ran to make the engine's plans."""
+    return scenario.model_copy(update={"engine": scenario.engine.model_copy(
+        update={"device": device})})
 
 
 def compare(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
             replay: EngineReplay) -> Fidelity:
     """The simulator side: the same requests with the table and with the roofline model,
     each metric and each engine step compared with the engine's."""
+    scenario = on_device(scenario, replay.info.get("device", scenario.engine.device))
     table_dir = Path(table_dir).resolve()
     loaded = load_table(table_dir, scenario.model_spec, scenario.kv.block_size,
                         scenario.hardware.count)

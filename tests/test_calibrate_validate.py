@@ -42,6 +42,7 @@ from sim.cli import main  # noqa: E402
 from sim.config.loader import load_scenario  # noqa: E402
 from sim.config.speculative import BetaAlphaConfig, FixedAlphaConfig  # noqa: E402
 from sim.core.plan import StepShape  # noqa: E402
+from sim.experiments.run import run_scenario  # noqa: E402
 from sim.latency.table_files import open_table_latency, read_measurements  # noqa: E402
 from sim.world.speculation import expected_tokens_per_step  # noqa: E402
 
@@ -474,3 +475,21 @@ def test_engine_acceptance_reads_the_engines_summary() -> None:
     beta = acceptance_config(spread)
     assert isinstance(beta, BetaAlphaConfig) and beta.mean == pytest.approx(some["alpha"])
     assert beta.std < math.sqrt(beta.mean * (1 - beta.mean))  # kept a feasible Beta
+
+
+def test_the_simulator_pads_where_the_engine_ran(calibrated, tmp_path: Path) -> None:  # noqa: ANN001
+    """`engine.device: auto` with `cuda_graphs` null pads decode steps on a GPU only: a replay
+    that ran on the CPU is simulated unpadded, as the engine ran it."""
+    _, table, scenario_path, _, _, _ = calibrated
+    path = tmp_path / "busy.yaml"  # busy enough for decode batches of 3, 5, 6 or 7
+    path.write_text(scenario_path.read_text().replace("rate: 6.0", "rate: 200.0")
+                    .replace("engine: {device: cpu,", "engine: {device: auto,"))
+    auto, base_dir = load_scenario(path)
+    assert auto.engine.uses_cuda_graphs()  # simulated on its own, auto means a GPU
+    assert run_scenario(auto, base_dir, show_progress=False).summary["slot_utilization"] < 1
+    replay = run_engine(auto, base_dir, threads=1, show_progress=False)
+    fidelity = compare(auto, base_dir, table, replay)
+    # no simulated step was padded (a padded slot is an idle one), as on the engine
+    assert fidelity.table.summary["slot_utilization"] == 1.0
+    assert fidelity.roofline.summary["slot_utilization"] == 1.0
+    assert fidelity.info["world_check"] == "exact"
