@@ -194,13 +194,12 @@ FAMILIES: MappingProxyType[str, RooflineParams] = MappingProxyType({
 GPU_FAMILIES: MappingProxyType[str, tuple[str, str]] = MappingProxyType({
     "a100-80gb": ("ampere", "fitted on measured A100-80GB kernels"),
     "h100-sxm": ("hopper", "fitted on measured H100-SXM kernels"),
-    "h100-pcie": ("hopper", "no measured kernels: H100-SXM's fit (same architecture)"),
-    "h200": ("hopper", "no measured kernels: H100-SXM's fit (same Hopper die)"),
-    "b200": ("hopper", "no measured kernels: H100-SXM's fit (nearest newer family)"),
-    "l40s": ("ampere", "no measured kernels: A100's fit (nearest: a PCIe part without "
-                       "HBM3)"),
-    "mi300x": ("hopper", "no measured kernels: H100-SXM's fit (nearest in bandwidth and "
-                         "FLOP/s)"),
+    "h100-pcie": ("hopper", "no measured kernels: H100-SXM's fit, the same architecture"),
+    "h200": ("hopper", "no measured kernels: H100-SXM's fit, the same Hopper die"),
+    "b200": ("hopper", "no measured kernels: H100-SXM's fit, the nearest family"),
+    "l40s": ("ampere", "no measured kernels: A100's fit, the nearest family"),
+    "mi300x": ("hopper", "no measured kernels: H100-SXM's fit, the nearest in bandwidth "
+                         "and FLOP/s"),
 })
 DEFAULT_FAMILY = "hopper"
 
