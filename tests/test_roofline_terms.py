@@ -15,6 +15,7 @@ from sim.latency.roofline_terms import (
     attention_s,
     cpu_overhead_s,
     family_of,
+    gemm_cost,
     gemm_s,
     params_for,
     soft_max,
@@ -88,3 +89,11 @@ def test_every_catalogue_gpu_names_its_family_and_why() -> None:
     assert "no measured kernels" in family_of("h200")[1]
     assert "fitted on measured" in family_of("a100-80gb")[1]
     assert family_of("my-gpu")[0] == "hopper" and "custom" in family_of("my-gpu")[1]
+
+
+def test_the_simulators_float_path_is_the_law() -> None:
+    """GemmCost.seconds (plain floats, the hot path) equals the array law, both regimes."""
+    cost = gemm_cost(4096, 28672, F, B, P)
+    rows = np.array([0.0, 1.0, 37.0, 128.0, 500.0, 4096.0, 65536.0])
+    assert [cost.seconds(float(r)) for r in rows] == pytest.approx(list(cost(rows)), rel=1e-12)
+    assert cost.seconds(64.0) == pytest.approx(gemm_s(64.0, 4096, 28672, F, B, P), rel=1e-12)

@@ -34,17 +34,19 @@ from sim.config.costs import allreduce_time_s
 from sim.config.specs import HardwareSpec, ModelSpec, check_tp, kv_heads_per_gpu
 from sim.core.plan import StepShape
 from sim.latency.roofline_terms import (
+    GemmCost,
     LayerDims,
     RooflineParams,
     attention_s,
     cpu_overhead_s,
-    gemm_s,
-    lm_head_s,
+    gemm_cost,
     params_for,
     sampling_s,
     small_kernels_s,
 )
 
+# What step_time adds up (breakdown's keys, besides swap_s and total_s).
+PARTS = ("gemm_s", "small_s", "attention_s", "lm_head_s", "overhead_s", "allreduce_s")
 # Fixed cost of one small all-reduce (custom all-reduce / NCCL LL on NVLink).
 DEFAULT_ALLREDUCE_LATENCY_S = 8e-6
 
@@ -83,6 +85,7 @@ class RooflineLatency:
     name: str = "roofline"
     _p: RooflineParams = field(init=False, repr=False, compare=False)
     _dims: LayerDims = field(init=False, repr=False, compare=False)
+    _gemms: tuple[GemmCost, ...] = field(init=False, repr=False, compare=False)
     _attn_flops_per_pair: float = field(init=False, repr=False, compare=False)
     _kv_bytes_per_token: float = field(init=False, repr=False, compare=False)
     _flops_per_s: float = field(init=False, repr=False, compare=False)
@@ -117,6 +120,10 @@ class RooflineLatency:
         values = {
             "_p": params,
             "_dims": dims,
+            # q/k/v, output, gate+up, down, lm_head
+            "_gemms": tuple(gemm_cost(k, n, self.hardware.bf16_flops_per_s,
+                                      self.hardware.memory_bandwidth_bytes_per_s, params, dtype)
+                            for k, n in (*dims.gemms, (dims.hidden, dims.vocab))),
             "_attn_flops_per_pair": 4 * m.num_heads / tp * m.head_dim,  # one layer
             "_kv_bytes_per_token": 2 * kv_dim * dtype,  # one layer
             "_flops_per_s": self.hardware.bf16_flops_per_s,
@@ -159,37 +166,35 @@ class RooflineLatency:
 
     def _layer_gemms_s(self, rows: float) -> float:
         """Attention projections, then the MLP: dense, or each touched expert over its rows."""
-        p, f, b, dtype = self._p, self._flops_per_s, self._bytes_per_s, self.dtype_bytes
-        qkv, out, up, down = self._dims.gemms
-        total = gemm_s(rows, *qkv, f, b, p, dtype) + gemm_s(rows, *out, f, b, p, dtype)
+        qkv, out, up, down, _ = self._gemms
         m = self.model
         if not m.is_moe:
-            return total + gemm_s(rows, *up, f, b, p, dtype) + gemm_s(rows, *down, f, b, p, dtype)
+            return qkv.seconds(rows) + out.seconds(rows) + up.seconds(rows) + down.seconds(rows)
         touched = min(m.num_experts, rows * m.experts_per_token)
         per_expert = rows * m.experts_per_token / touched
-        return total + touched * (gemm_s(per_expert, *up, f, b, p, dtype)
-                                  + gemm_s(per_expert, *down, f, b, p, dtype))
+        return (qkv.seconds(rows) + out.seconds(rows)
+                + touched * (up.seconds(per_expert) + down.seconds(per_expert)))
 
-    def _parts(self, shape: StepShape) -> dict[str, float]:
-        """Every priced part of one step, in seconds (empty dict: nothing runs)."""
+    def _parts(self, shape: StepShape) -> tuple[float, ...]:
+        """Every priced part of one step in PARTS' order, seconds (empty: nothing runs)."""
         rows, pairs, kv_tokens, seqs, logit_rows = self._counts(shape)
         if rows == 0:
-            return {}
-        p, dims, f, b = self._p, self._dims, self._flops_per_s, self._bytes_per_s
+            return ()
+        p, dims, b = self._p, self._dims, self._bytes_per_s
         layers = self.model.num_layers
-        pair_flops = pairs * self._attn_flops_per_pair
-        kv_bytes = kv_tokens * self._kv_bytes_per_token
-        small_rows = rows * self.model.experts_per_token  # the activation runs per expert row
-        return {
-            "gemm_s": layers * self._layer_gemms_s(rows),
-            "small_s": layers * small_kernels_s(dims, small_rows, b, p, self.dtype_bytes),
-            "attention_s": layers * attention_s(pair_flops, kv_bytes, f, b, p) if pairs else 0.0,
-            "lm_head_s": lm_head_s(dims, logit_rows, f, b, p, self.dtype_bytes),
-            "overhead_s": cpu_overhead_s(seqs, p),
-            "allreduce_s": self._allreduce_fixed_s + allreduce_time_s(
-                rows * self._allreduce_bytes_per_token, self.tp, self.hardware),
-            **self._work(rows, pair_flops, kv_bytes, logit_rows),
-        }
+        attention = layers * attention_s(
+            pairs * self._attn_flops_per_pair, kv_tokens * self._kv_bytes_per_token,
+            self._flops_per_s, b, p) if pairs else 0.0
+        return (layers * self._layer_gemms_s(rows),
+                # the activation runs per expert row
+                layers * small_kernels_s(dims, rows * self.model.experts_per_token, b, p,
+                                         self.dtype_bytes),
+                attention,
+                self._gemms[4].seconds(logit_rows) + sampling_s(dims, logit_rows, b, p),
+                cpu_overhead_s(seqs, p),
+                self._allreduce_fixed_s + allreduce_time_s(
+                    rows * self._allreduce_bytes_per_token, self.tp, self.hardware)
+                if self.tp > 1 else 0.0)
 
     def _work(self, rows: float, pair_flops: float, kv_bytes: float, logit_rows: float
               ) -> dict[str, float]:
@@ -220,18 +225,17 @@ class RooflineLatency:
 
     def step_time(self, shape: StepShape) -> float:
         """Seconds for one step; an empty shape launches nothing and costs 0 (but swaps)."""
-        parts = self._parts(shape)
-        swap_s = self.swap_time_s(shape)
-        if not parts:
-            return swap_s
-        return (parts["gemm_s"] + parts["small_s"] + parts["attention_s"] + parts["lm_head_s"]
-                + parts["overhead_s"] + parts["allreduce_s"] + swap_s)
+        swapped = shape.swap_out_tokens + shape.swap_in_tokens
+        return sum(self._parts(shape)) + (self.swap_time_s(shape) if swapped else 0.0)
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Every term of step_time (and the kernels' ideal compute and HBM time)."""
-        parts = dict.fromkeys(("gemm_s", "small_s", "attention_s", "lm_head_s", "overhead_s",
-                               "allreduce_s", "flops", "bytes", "compute_s", "memory_s"), 0.0)
-        parts.update(self._parts(shape))
+        parts = dict.fromkeys((*PARTS, "flops", "bytes", "compute_s", "memory_s"), 0.0)
+        parts.update(zip(PARTS, self._parts(shape), strict=False))
+        rows, pairs, kv_tokens, _, logit_rows = self._counts(shape)
+        if rows:
+            parts.update(self._work(rows, pairs * self._attn_flops_per_pair,
+                                    kv_tokens * self._kv_bytes_per_token, logit_rows))
         parts["swap_s"] = self.swap_time_s(shape)
         parts["total_s"] = self.step_time(shape)
         return parts

@@ -116,14 +116,46 @@ def soft_max(a: Any, b: Any, p: float) -> Any:
     return hi * ((a / safe) ** p + (b / safe) ** p) ** (1.0 / p)
 
 
+@dataclass(frozen=True, slots=True)
+class GemmCost:
+    """One GEMM's constants, derived once: time = launch + soft max(memory, compute)."""
+
+    launch_s: float
+    memory_s: float  # weights' read
+    memory_s_per_row: float  # activations in and out
+    compute_s_per_row: float
+    tile_rows: float
+    sharpness: float
+
+    def __call__(self, rows: Any) -> Any:
+        return self.launch_s + soft_max(self.memory_s + rows * self.memory_s_per_row,
+                                        (rows + self.tile_rows) * self.compute_s_per_row,
+                                        self.sharpness)
+
+    def seconds(self, rows: float) -> float:
+        """`self(rows)` for one float, in plain arithmetic: the simulator's hot path."""
+        memory = self.memory_s + rows * self.memory_s_per_row
+        compute = (rows + self.tile_rows) * self.compute_s_per_row
+        p = self.sharpness
+        if memory >= compute:
+            return self.launch_s + memory * (1.0 + (compute / memory) ** p) ** (1.0 / p)
+        return self.launch_s + compute * (1.0 + (memory / compute) ** p) ** (1.0 / p)
+
+
+def gemm_cost(k: float, n: float, flops_per_s: float, bytes_per_s: float,
+              params: RooflineParams, dtype_bytes: float = 2) -> GemmCost:
+    """A k x n GEMM's constants: HBM at the bandwidth efficiency, FLOPs at the compute one."""
+    bandwidth = bytes_per_s * params.bandwidth_efficiency
+    return GemmCost(params.gemm_launch_s, k * n * dtype_bytes / bandwidth,
+                    (k + n) * dtype_bytes / bandwidth,
+                    2.0 * k * n / (flops_per_s * params.compute_efficiency),
+                    params.gemm_tile_rows, params.transition_sharpness)
+
+
 def gemm_s(rows: Any, k: float, n: float, flops_per_s: float, bytes_per_s: float,
            params: RooflineParams, dtype_bytes: float = 2) -> Any:
     """One GEMM over `rows` token rows: launch + soft max(HBM time, compute time)."""
-    memory = (k * n + rows * (k + n)) * dtype_bytes / (bytes_per_s
-                                                        * params.bandwidth_efficiency)
-    compute = 2.0 * (rows + params.gemm_tile_rows) * k * n / (
-        flops_per_s * params.compute_efficiency)
-    return params.gemm_launch_s + soft_max(memory, compute, params.transition_sharpness)
+    return gemm_cost(k, n, flops_per_s, bytes_per_s, params, dtype_bytes)(rows)
 
 
 def layer_gemms_s(dims: LayerDims, rows: Any, flops_per_s: float, bytes_per_s: float,
