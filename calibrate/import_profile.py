@@ -81,8 +81,8 @@ class Profile:
     layer_ms: Curve  # every per-layer op but attention, by token rows
     step_ms: Curve  # once-per-step ops it timed by token rows (embedding, final norm)
     lm_head_ms: Curve | None  # lm_head by the rows it runs over (a step's sequences)
-    decode_attention: Callable[[int, float], float] | None  # (batch, kv per seq) -> ms a layer
-    prefill_attention: Callable[[int, int], float] | None  # (chunk, context) -> ms a layer
+    decode_attention: GridLookup | None  # (batch, KV tokens per sequence) -> ms a layer
+    prefill_attention: GridLookup | None  # (chunk, context) -> ms a layer
     cpu_ms: tuple[float, float] | None  # (per step, per sequence)
     files: tuple[Path, ...]
 
@@ -107,19 +107,29 @@ def _check_shape(path: Path, df: pd.DataFrame, spec: ModelSpec) -> None:
                              f"has {value}; import a profile of this model")
 
 
-def _grid_lookup(points: pd.DataFrame, x: str, y: str, value: str
-                 ) -> Callable[[float, float], float]:
-    """Bilinear interpolation over a measured (x, y) grid, clamped to its edges."""
-    table = points.pivot_table(index=x, columns=y, values=value, aggfunc="median")
-    table = table.interpolate(axis=1, limit_direction="both").interpolate(
-        axis=0, limit_direction="both")
-    xs, ys, vs = table.index.to_numpy(float), table.columns.to_numpy(float), table.to_numpy()
+@dataclass(frozen=True, slots=True, eq=False)
+class GridLookup:
+    """Bilinear interpolation over a measured (x, y) grid of per-layer ms; `clamp` says
+    which measured point stands for one outside it."""
 
-    def look(px: float, py: float) -> float:
-        px, py = min(max(px, xs[0]), xs[-1]), min(max(py, ys[0]), ys[-1])
-        column = np.array([np.interp(py, ys, row) for row in vs])
-        return float(np.interp(px, xs, column))
-    return look
+    xs: np.ndarray
+    ys: np.ndarray
+    ms: np.ndarray  # len(xs) x len(ys)
+
+    @classmethod
+    def of(cls, points: pd.DataFrame, x: str, y: str, value: str) -> GridLookup:
+        table = points.pivot_table(index=x, columns=y, values=value, aggfunc="median")
+        table = table.interpolate(axis=1, limit_direction="both").interpolate(
+            axis=0, limit_direction="both")
+        return cls(table.index.to_numpy(float), table.columns.to_numpy(float), table.to_numpy())
+
+    def clamp(self, px: float, py: float) -> tuple[float, float]:
+        return (min(max(px, self.xs[0]), self.xs[-1]), min(max(py, self.ys[0]), self.ys[-1]))
+
+    def __call__(self, px: float, py: float) -> float:
+        px, py = self.clamp(px, py)
+        column = np.array([np.interp(py, self.ys, row) for row in self.ms])
+        return float(np.interp(px, self.xs, column))
 
 
 def read_vidur(directory: Path, spec: ModelSpec, tp: int, attention: Path | None,
@@ -157,11 +167,10 @@ def read_vidur(directory: Path, spec: ModelSpec, tp: int, attention: Path | None
             raise TableError(f"{attention}: no rows for {spec.num_heads} q / "
                              f"{spec.num_kv_heads} kv heads at tp {tp}")
         dec, pre = att[~att["is_prefill"].astype(bool)], att[att["is_prefill"].astype(bool)]
-        look_decode = _grid_lookup(dec, "batch_size", "kv_cache_size",
-                                   "time_stats.attn_decode.median")
-        look_prefill = _grid_lookup(pre, "prefill_chunk_size", "kv_cache_size",
-                                    "time_stats.attn_prefill.median")
-        decode, prefill = look_decode, look_prefill
+        decode = GridLookup.of(dec, "batch_size", "kv_cache_size",
+                               "time_stats.attn_decode.median")
+        prefill = GridLookup.of(pre, "prefill_chunk_size", "kv_cache_size",
+                                "time_stats.attn_prefill.median")
     cpu = None
     if cpu_overheads is not None:
         files.append(_require(cpu_overheads))
@@ -201,6 +210,17 @@ def _mean_kv(shape: StepShape) -> float:
     return shape.decode_context_sum / shape.num_decodes + 1
 
 
+def _decode(batch: float, kv_tokens: float) -> StepShape:
+    """`batch` decodes reading `kv_tokens` each (the table's key: their own included)."""
+    b, context = round(batch), max(0, round(kv_tokens) - 1)
+    return StepShape(num_decodes=b, decode_context_sum=b * context, decode_context_max=context,
+                     padded_batch=b)
+
+
+def _prefill(chunk: float, context: float) -> StepShape:
+    return StepShape((max(1, round(chunk)),), (round(context),))
+
+
 @dataclass(frozen=True, slots=True)
 class ComposedStep:
     """A step's device time from a profile, the roofline pricing what the profile lacks."""
@@ -233,9 +253,10 @@ class ComposedStep:
         ms = self.num_layers * p.layer_ms(rows) + p.step_ms(rows)
         attention = 0.0
         if p.decode_attention and shape.num_decodes:
-            attention += p.decode_attention(shape.num_decodes, _mean_kv(shape))
+            attention += self._measured(p.decode_attention, shape.num_decodes, _mean_kv(shape),
+                                        _decode)
         if p.prefill_attention:
-            attention += sum(p.prefill_attention(c, x) for c, x in zip(
+            attention += sum(self._measured(p.prefill_attention, c, x, _prefill) for c, x in zip(
                 shape.prefill_chunk_tokens, shape.prefill_context_tokens, strict=True))
         ms += self.num_layers * attention
         if not (p.decode_attention and p.prefill_attention):
@@ -244,6 +265,17 @@ class ComposedStep:
         ms += (p.lm_head_ms(seqs) + sampling_ms if p.lm_head_ms is not None
                else parts["lm_head_s"] * 1e3)
         return ms + parts["allreduce_s"] * 1e3
+
+    def _measured(self, look: GridLookup, x: float, y: float,
+                  shape: Callable[[float, float], StepShape]) -> float:
+        """The table's ms a layer; outside its grid, its edge scaled as the roofline scales."""
+        cx, cy = look.clamp(x, y)
+        ms = look(cx, cy)
+        if (cx, cy) == (x, y):
+            return ms
+        ratio = (self.roofline.breakdown(shape(x, y))["attention_s"]
+                 / self.roofline.breakdown(shape(cx, cy))["attention_s"])
+        return ms * ratio
 
     def _roofline_attention_ms(self, shape: StepShape) -> float:
         """The roofline's attention for the parts (decode, prefill) the profile lacks."""
@@ -286,7 +318,9 @@ def import_profile(source: str, directory: str | Path, spec: ModelSpec, hardware
     composed = ComposedStep(profile, roofline, spec.num_layers)
     cpu_step_ms, cpu_seq_ms = profile.cpu_ms or (roofline.fitted.cpu_step_s * 1e3,
                                                  roofline.fitted.cpu_seq_s * 1e3)
-    grid = shape_grid(max_num_batched_tokens, max_num_seqs, spec.max_context_tokens)
+    grid = _with_uneven_decodes(
+        shape_grid(max_num_batched_tokens, max_num_seqs, spec.max_context_tokens),
+        spec.max_context_tokens)
     rows = [_measurement(kind, shape, composed.device_ms(shape)) for kind, shape in grid]
     borrowed = composed.borrowed()
     provenance = [("source", source), ("repository", REPOSITORIES[source]),
@@ -308,6 +342,26 @@ def import_profile(source: str, directory: str | Path, spec: ModelSpec, hardware
     write_measurements(out, rows, metadata)
     report = fit_table(out, "device")
     return ImportResult(Path(out), report, metadata, borrowed)
+
+
+def _with_uneven_decodes(grid: list[tuple[str, StepShape]], max_context: int
+                         ) -> list[tuple[str, StepShape]]:
+    """The grid plus each decode batch again with one sequence 4x longer than the mean.
+
+    A paged GPU kernel reads each sequence's own KV (its cost follows the context sum);
+    with only even batches the fit could not tell that from padding every sequence to the
+    widest (TableFit.decode_padded_attention_ms_per_token), which is a CPU engine's cost.
+    """
+    extra = []
+    for kind, shape in grid:
+        if kind == "decode" and shape.num_decodes > 1:
+            widest = min(4 * shape.decode_context_max, shape.decode_context_sum, max_context)
+            if widest > shape.decode_context_max:
+                extra.append((kind, StepShape(num_decodes=shape.num_decodes,
+                                              decode_context_sum=shape.decode_context_sum,
+                                              decode_context_max=widest,
+                                              padded_batch=shape.padded_batch)))
+    return grid + extra
 
 
 def _measurement(kind: str, shape: StepShape, device_ms: float) -> Measurement:

@@ -223,3 +223,30 @@ def test_bad_table_step_overhead_is_one_message(tmp_path: Path, value: object, m
     assert main(["run", str(path), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_attention_outside_the_measured_grid_scales_as_the_roofline(tmp_path: Path) -> None:
+    """Past the table's longest KV, decode attention is its edge scaled by the roofline's
+    growth, not the edge itself."""
+    from calibrate.import_profile import ComposedStep, read_vidur
+    from sim.config.catalogue import get_hardware
+    from sim.latency.roofline import RooflineLatency
+
+    profile = read_vidur(write_vidur(tmp_path / "p"), TINY, 1, None, None)
+    roofline = RooflineLatency(TINY, get_hardware("a100-80gb"))
+    composed = ComposedStep(profile, roofline, TINY.num_layers)
+
+    def decode(batch: int, context: int) -> StepShape:
+        return StepShape(num_decodes=batch, decode_context_sum=batch * context,
+                         decode_context_max=context, padded_batch=batch)
+
+    def roof_attention(shape: StepShape) -> float:
+        return roofline.breakdown(shape)["attention_s"]
+
+    edge, beyond = decode(8, 2047), decode(8, 8191)  # the grid's KV ends at 2048
+    grown = composed.device_ms(beyond) - composed.device_ms(edge)
+    measured_edge_ms = TINY.num_layers * 1e-5 * 8 * 2048
+    expected = measured_edge_ms * (roof_attention(beyond) / roof_attention(edge) - 1)
+    other = (roofline.breakdown(beyond)["allreduce_s"] - roofline.breakdown(edge)["allreduce_s"])
+    assert grown == pytest.approx(expected + other * 1e3, rel=1e-6)
+    assert grown > 0  # clamped to the edge it would not have grown at all
