@@ -52,7 +52,8 @@ MAX_ROWS = 4096
 PROBE_ROWS = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096)
 BANDS = (("1-128", 1, 128), ("129-512", 129, 512), ("513-2047", 513, 2047),
          ("2048-4096", 2048, 4096))
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "roofline_vs_measured"
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "roofline_vs_measured"
 
 
 def stack_errors(rows: tuple[LinearOpRow, ...], previous: bool = False
@@ -287,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not args.no_plots:
         for path in plot(groups, args.out):
-            print(f"wrote {path}")
+            shown = path.resolve()
+            print(f"wrote {shown.relative_to(REPO) if shown.is_relative_to(REPO) else path}")
     return 0
 
 
