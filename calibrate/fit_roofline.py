@@ -160,14 +160,24 @@ def fit_attention(base: RooflineParams, points: Sequence) -> RooflineParams:
     return _fit(base, ATTENTION_FIELDS, lambda p: np.log1p(attention_errors(points, p)))
 
 
+def _host_points(root: Path, held_out: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(batch, host ms) of the models fitted on, or of the one held out (CodeLlama-34B)."""
+    points = [p for p in load_cpu_overheads(root) if ("CodeLlama-34b" in p.model) == held_out]
+    return (np.array([p.batch for p in points], dtype=float),
+            np.array([sum(ms for s, ms in p.stages_ms if s in CPU_STAGES_FITTED)
+                      for p in points]))
+
+
 def fit_cpu(root: Path) -> tuple[float, float, int]:
     """(per-step s, per-sequence s, points) by least squares over the host stages fitted."""
-    points = [p for p in load_cpu_overheads(root) if "CodeLlama-34b" not in p.model]
-    batch = np.array([p.batch for p in points], dtype=float)
-    host_ms = np.array([sum(ms for s, ms in p.stages_ms if s in CPU_STAGES_FITTED)
-                        for p in points])
+    batch, host_ms = _host_points(root, held_out=False)
     slope, intercept = np.polyfit(batch, host_ms, 1)
-    return float(intercept) / 1e3, float(slope) / 1e3, len(points)
+    return float(intercept) / 1e3, float(slope) / 1e3, len(batch)
+
+
+def cpu_errors(root: Path, step_s: float, seq_s: float, held_out: bool) -> np.ndarray:
+    batch, host_ms = _host_points(root, held_out)
+    return (step_s + seq_s * batch) * 1e3 / host_ms - 1
 
 
 def summary_line(label: str, errors: np.ndarray, at: Iterable[int]) -> str:
@@ -218,7 +228,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         x = [p.batch * p.kv_tokens if kind == "decode" else p.chunk_tokens for p in points]
         print(summary_line(f"attention {kind} inference-sim h100 (fitted on)", e, x))
     print(f"\nCPU: {step_s * 1e3:.3f} ms per step + {seq_s * 1e3:.4f} ms per sequence "
-          f"({cpu_points} Vidur A100 host points, CodeLlama-34B left out)\n")
+          f"({cpu_points} Vidur A100 host points, CodeLlama-34B left out)")
+    for held_out in (False, True):
+        e = cpu_errors(args.root, step_s, seq_s, held_out)
+        print(summary_line(f"CPU overhead, {'held out (CodeLlama-34B)' if held_out else 'train'}",
+                           e, list(_host_points(args.root, held_out)[0].astype(int))))
+    print()
     print("sim.latency.roofline_terms.FAMILIES (fitted_on aside):")
     for family, p in fitted.items():
         values = ", ".join(f"{f.name}={getattr(p, f.name):.4g}" for f in dataclasses.fields(p)
