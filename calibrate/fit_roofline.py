@@ -27,13 +27,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 from scipy.optimize import least_squares
 
-from calibrate.measured import DEFAULT_ROOT, Fixture, LinearOpRow, by_fixture, load_linear_ops
+from calibrate.measured import (
+    DEFAULT_ROOT,
+    Fixture,
+    LinearOpRow,
+    MeasuredDataError,
+    by_fixture,
+    load_linear_ops,
+)
 from calibrate.measured_kernels import (
     DecodeAttentionPoint,
     PrefillAttentionPoint,
@@ -206,6 +214,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT,
                         help="the measured tables (default: calibration/measured)")
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except MeasuredDataError as err:
+        print(f"error: {err} (calibration/measured/README.md says how to fetch the tables)",
+              file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     groups = {f: tuple(r for r in rows if in_range(r)) for f, rows in
               by_fixture(load_linear_ops(args.root)).items() if f.tp in FIT_TPS}
     decode = [p for p in load_decode_attention(args.root) if p.source == "inference_sim"]
