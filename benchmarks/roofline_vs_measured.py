@@ -1,13 +1,16 @@
-"""Today's roofline against published real-GPU kernel timings (calibration/measured/).
+"""The default (fitted) roofline against published real-GPU kernel timings (calibration/measured/).
 
 For every fixture (source, device, model, tp) it prices the linear-op stack
-of 1..4,096 token rows with the roofline's own FLOPs, bytes and efficiencies
-(no step overhead, all-reduce, lm_head or attention: what the tables time)
+of 1..4,096 token rows with the default roofline's GEMM and small-kernel
+terms (sim.latency.roofline_terms, the family's fit; no step overhead,
+all-reduce, lm_head or attention: what the tables time)
 and prints the signed error roofline / measured - 1 (negative: roofline too
 fast) with its median, 95th percentile of |error| and worst row; then decode
 and prefill attention per layer against inference-sim's H100 tables (and
 Vidur's one A100 table), GEMMs, and Vidur's A100 CPU overheads. Plots go to
---out, one pair per device (stack times, stack error), token rows on log x.
+--out, one pair per device (stack times, stack error), token rows on log x;
+the previous, unfitted roofline (one max at 60% / 80% of datasheet) is
+drawn dotted beside the default and its median error is a column.
 
     python benchmarks/roofline_vs_measured.py [--data calibration/measured] [--out DIR]
 """
@@ -21,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from calibrate.fit_roofline import FAMILY_OF_DEVICE, attention_ms
+from calibrate.fit_roofline import stack_ms as fitted_stack_ms
 from calibrate.measured import (
     DEFAULT_ROOT,
     Fixture,
@@ -37,28 +42,35 @@ from calibrate.measured_kernels import (
 )
 from calibrate.roofline_check import (
     ErrorSummary,
-    decode_attention_s,
     device_hardware,
     linear_stack_s,
     linear_stack_terms,
-    prefill_attention_s,
 )
+from sim.latency.roofline_terms import FAMILIES
 
 MAX_ROWS = 4096
 PROBE_ROWS = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096)
 BANDS = (("1-128", 1, 128), ("129-512", 129, 512), ("513-2047", 513, 2047),
          ("2048-4096", 2048, 4096))
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "roofline_vs_measured"
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "roofline_vs_measured"
 
 
-def stack_errors(rows: tuple[LinearOpRow, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Token rows, measured stack ms, roofline stack ms of one fixture's rows <= MAX_ROWS."""
+def stack_errors(rows: tuple[LinearOpRow, ...], previous: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Token rows, measured stack ms, roofline stack ms of one fixture's rows <= MAX_ROWS
+    (the default roofline, or the previous one)."""
     kept = [r for r in rows if r.num_tokens <= MAX_ROWS]
-    hw = device_hardware(kept[0].fixture.device)
+    device = kept[0].fixture.device
+    hw = device_hardware(device)
     tokens = np.array([r.num_tokens for r in kept])
     measured = np.array([r.stack_ms for r in kept])
-    roofline = np.array([linear_stack_s(r.shape, r.fixture.tp, r.num_tokens, hw) * 1e3
-                         for r in kept])
+    if previous:
+        roofline = np.array([linear_stack_s(r.shape, r.fixture.tp, r.num_tokens, hw) * 1e3
+                             for r in kept])
+    else:
+        layers = kept[0].shape.num_layers
+        roofline = layers * fitted_stack_ms(kept, FAMILIES[FAMILY_OF_DEVICE[device]])
     return tokens, measured, roofline
 
 
@@ -99,7 +111,7 @@ def print_stack_table(groups: dict[Fixture, tuple[LinearOpRow, ...]]) -> dict:
     print("## Linear-op stack: roofline / measured - 1, % (negative = roofline too fast)\n")
     probes = " ".join(f"{t:>6d}" for t in PROBE_ROWS)
     print(f"{'fixture':45s} {'n':>4s} {'median':>6s} {'p95|e|':>6s} {'worst':>6s} {'@rows':>5s}"
-          f" | {probes} | small_us bw@1 fl@4k")
+          f" | {probes} | small_us bw@1 fl@4k prev_median")
     band_errors: dict[tuple[str, str, str, int], list[float]] = defaultdict(list)
     summaries = {}
     for f, rows in groups.items():
@@ -110,9 +122,11 @@ def print_stack_table(groups: dict[Fixture, tuple[LinearOpRow, ...]]) -> dict:
         at = {int(t): e for t, e in zip(tokens, err, strict=True)}
         cells = " ".join(_pct(at[t]) if t in at else "     -" for t in PROBE_ROWS)
         small_us, bw, compute = _efficiency(tuple(r for r in rows if r.num_tokens <= MAX_ROWS))
+        _, _, before = stack_errors(rows, previous=True)
         print(f"{_name(f):45s} {summary.n:4d} {_pct(summary.median)} "
               f"{100 * summary.p95_abs:6.1f} {_pct(summary.worst)} {summary.worst_at:5d} | "
-              f"{cells} | {small_us:8.1f} {bw:5.2f} {compute:5.2f}")
+              f"{cells} | {small_us:8.1f} {bw:5.2f} {compute:5.2f} "
+              f"{_pct(np.median(before / measured - 1))}")
         tps = "tp1-2" if f.tp <= 2 else "tp4-8"
         for i, (_, lo, hi) in enumerate(BANDS):
             band_errors[(f.device, f.source, tps, i)] += list(err[(tokens >= lo) & (tokens <= hi)])
@@ -122,7 +136,7 @@ def print_stack_table(groups: dict[Fixture, tuple[LinearOpRow, ...]]) -> dict:
           f"{len(passing)} of {len(summaries)} fixtures")
     print("small_us: norms+rope+act+add per layer at 1 row (µs); bw@1: GEMM weight bytes / "
           "time / datasheet HBM at 1 row; fl@4k: GEMM FLOPs / time / datasheet bf16 at the "
-          "largest row count <= 4096. The roofline assumes 0, 0.80 and 0.60.\n")
+          "largest row count <= 4096; prev_median: the previous roofline's median error.\n")
     print("## By token-row band, all fixtures of a device, source and tp range\n")
     print(f"{'device':6s} {'source':14s} {'tp':5s} {'rows':10s} {'n':>5s} {'median':>6s} "
           f"{'p95|e|':>6s} {'min':>6s} {'max':>6s}")
@@ -138,35 +152,25 @@ def print_stack_table(groups: dict[Fixture, tuple[LinearOpRow, ...]]) -> dict:
 
 
 def print_attention(root: Path) -> None:
-    print("## Attention per layer: roofline / measured - 1, %\n")
-    groups: dict[tuple, list[tuple[int, float, float]]] = defaultdict(list)
+    print("## Attention per layer: default roofline / measured - 1, %\n")
+    groups: dict[tuple, list] = defaultdict(list)
     for p in load_decode_attention(root):
-        hw = device_hardware(p.device)
-        roof_us = decode_attention_s(p.attention, p.batch, p.kv_tokens, hw) * 1e6
-        groups[("decode", p.source, p.device, p.attention)].append(
-            (p.batch * p.kv_tokens, roof_us, p.time_us))
+        groups[("decode", p.source, p.device, p.attention)].append((p.batch * p.kv_tokens, p))
     for p in load_prefill_attention(root):
-        hw = device_hardware(p.device)
-        roof_us = prefill_attention_s(p.attention, p.chunk_tokens, p.context_tokens, hw) * 1e6
-        groups[("prefill", p.source, p.device, p.attention)].append(
-            (p.chunk_tokens, roof_us, p.time_us))
+        groups[("prefill", p.source, p.device, p.attention)].append((p.chunk_tokens, p))
     print(f"{'kind':7s} {'source':13s} {'dev':4s} {'q-kv-d tp':13s} {'n':>4s} {'median':>6s} "
           f"{'p95|e|':>6s} {'worst':>6s} {'@x':>8s}   x = batch*kv (decode), chunk (prefill)")
     for (kind, source, device, a), points in sorted(groups.items(), key=lambda i: str(i[0])):
-        x, roof, meas = (np.array(v) for v in zip(*points, strict=True))
+        x = np.array([x for x, _ in points])
+        pts = [p for _, p in points]
+        roof = attention_ms(pts, FAMILIES[FAMILY_OF_DEVICE[device]])
+        meas = np.array([p.time_us / 1e3 for p in pts])
         s = ErrorSummary.of(roof / meas - 1, x)
         heads = f"{a.q_heads}-{a.kv_heads}-{a.head_dim} tp{a.tp}"
         print(f"{kind:7s} {source:13s} {device:4s} {heads:13s} {s.n:4d} {_pct(s.median)} "
               f"{100 * s.p95_abs:6.1f} {_pct(s.worst)} {s.worst_at:8d}")
-    big = [p for p in load_decode_attention(root)
-           if p.source == "inference_sim" and p.batch * p.kv_tokens >= 256 * 1024]
-    if big:
-        e = np.array([decode_attention_s(p.attention, p.batch, p.kv_tokens,
-                                         device_hardware(p.device)) * 1e6 / p.time_us - 1
-                      for p in big])
-        print(f"\ninference-sim decode with batch*kv >= 256k tokens (bandwidth-bound): n={e.size} "
-              f"median {_pct(np.median(e))} p95|e| {100 * np.percentile(np.abs(e), 95):.1f}")
-    print()
+    print("(Vidur's A100 table is a 2024 vLLM kernel, not fitted on: the ampere family takes "
+          "the hopper attention fit)\n")
 
 
 def print_gemms(root: Path) -> None:
@@ -227,12 +231,17 @@ def plot(groups: dict[Fixture, tuple[LinearOpRow, ...]], out: Path) -> list[Path
             for ax, (source, model) in zip(axes.flat, models, strict=False):
                 for f in (f for f in fixtures if (f.source, f.model) == (source, model)):
                     tokens, measured, roofline = stack_errors(groups[f])
+                    _, _, before = stack_errors(groups[f], previous=True)
                     if kind == "ms":
                         line, = ax.plot(tokens, measured, label=f"tp{f.tp}")
                         ax.plot(tokens, roofline, "--", color=line.get_color())
+                        ax.plot(tokens, before, ":", color=line.get_color(), lw=0.8)
                         ax.set_yscale("log")
                     else:
-                        ax.plot(tokens, 100 * (roofline / measured - 1), label=f"tp{f.tp}")
+                        line, = ax.plot(tokens, 100 * (roofline / measured - 1),
+                                        label=f"tp{f.tp}")
+                        ax.plot(tokens, 100 * (before / measured - 1), ":", lw=0.8,
+                                color=line.get_color())
                         ax.axhspan(-10, 10, color="0.9")
                         ax.axhline(0, color="0.5", lw=0.8)
                 ax.set_xscale("log", base=2)
@@ -244,10 +253,11 @@ def plot(groups: dict[Fixture, tuple[LinearOpRow, ...]], out: Path) -> list[Path
                 ax.set_xlabel("token rows")
             for ax in axes[:, 0]:
                 ax.set_ylabel("linear stack ms" if kind == "ms" else "roofline / measured - 1 %")
-            fig.suptitle(f"{device.upper()}: roofline linear-op stack vs measured kernels "
-                         f"(no overhead; shaded ±10%)" if kind == "error" else
-                         f"{device.upper()}: linear-op stack, measured (solid) vs roofline "
-                         f"(dashed)")
+            fig.suptitle(f"{device.upper()}: default roofline (solid) and previous (dotted) "
+                         f"linear-op stack vs measured kernels (shaded ±10%)"
+                         if kind == "error" else
+                         f"{device.upper()}: linear-op stack, measured (solid), default "
+                         f"roofline (dashed), previous roofline (dotted)")
             fig.tight_layout()
             path = out / f"{device}_stack_{kind}.png"
             fig.savefig(path, dpi=80)
@@ -278,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not args.no_plots:
         for path in plot(groups, args.out):
-            print(f"wrote {path}")
+            shown = path.resolve()
+            print(f"wrote {shown.relative_to(REPO) if shown.is_relative_to(REPO) else path}")
     return 0
 
 

@@ -1,4 +1,9 @@
-"""Today's roofline terms, restricted to what a published kernel table measures.
+"""The roofline's terms, restricted to what a published kernel table measures.
+
+`shape_dims` gives the fitted roofline (sim.latency.roofline_terms) a
+measured fixture's kernel widths; the functions below it keep the previous,
+unfitted roofline (one max over the stack at 60% / 80% of datasheet) for
+before/after comparisons.
 
 A measured table times pieces of a step (the linear-op stack, one attention
 kernel), so the roofline is cut the same way: the same FLOPs and HBM bytes
@@ -24,7 +29,12 @@ from calibrate.measured import ModelShape
 from calibrate.measured_kernels import AttentionShape
 from sim.config.catalogue import get_hardware
 from sim.config.specs import HardwareSpec
-from sim.latency.roofline import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_COMPUTE_EFFICIENCY
+from sim.latency.roofline_terms import LayerDims
+
+# The roofline before issue 20's fit: one max(compute, HBM) over the step at these shares of
+# datasheet (kept to show what the fit changed; sim.latency.roofline is the fitted one).
+PREVIOUS_COMPUTE_EFFICIENCY = 0.6
+PREVIOUS_BANDWIDTH_EFFICIENCY = 0.8
 
 # The catalogue entry each measured device name stands for (both sources' H100s are SXM).
 DEVICE_HARDWARE = {"h100": "h100-sxm", "a100": "a100-80gb"}
@@ -39,12 +49,24 @@ def device_hardware(device: str) -> HardwareSpec:
 
 @dataclass(frozen=True, slots=True)
 class Efficiencies:
-    compute: float = DEFAULT_COMPUTE_EFFICIENCY
-    bandwidth: float = DEFAULT_BANDWIDTH_EFFICIENCY
+    compute: float = PREVIOUS_COMPUTE_EFFICIENCY
+    bandwidth: float = PREVIOUS_BANDWIDTH_EFFICIENCY
 
 
 def _kv_heads_per_gpu(kv_heads: int, tp: int) -> int:
     return max(1, kv_heads // tp)
+
+
+def shape_dims(shape: ModelShape, tp: int) -> LayerDims:
+    """One GPU's kernel widths of `shape` at `tp` (KV heads replicated past their count)."""
+    return LayerDims(shape.num_layers, shape.hidden, shape.heads * shape.head_dim // tp,
+                     _kv_heads_per_gpu(shape.kv_heads, tp) * shape.head_dim,
+                     shape.intermediate / tp, 2 if shape.gated else 1, shape.vocab / tp)
+
+
+def attention_dims(attn: AttentionShape) -> tuple[float, float]:
+    """FLOPs per query-key pair and KV bytes per token of one layer on one GPU (bf16)."""
+    return _attention_per_layer(attn)
 
 
 def layer_params_per_gpu(shape: ModelShape, tp: int) -> float:

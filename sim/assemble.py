@@ -126,12 +126,15 @@ def build_latency(scenario: Scenario, base_dir: Path | None = None) -> LatencyMo
                             / scenario.hardware_spec.host_link_bandwidth_bytes_per_s)
         try:
             return open_table_latency((base_dir or Path.cwd()) / cfg.path, model,
-                                      scenario.kv.block_size, tp, swap_s_per_token)
+                                      scenario.kv.block_size, tp, swap_s_per_token,
+                                      cfg.step_overhead_ms, cfg.seq_overhead_ms)
         except TableError as err:
             raise TableError(f"latency.path: {err}") from None
     options: dict[str, float] = {}
     if cfg.step_overhead_ms is not None:
         options["step_overhead_s"] = cfg.step_overhead_ms / 1e3
+    if cfg.seq_overhead_ms is not None:
+        options["seq_overhead_s"] = cfg.seq_overhead_ms / 1e3
     if cfg.compute_efficiency is not None:
         options["compute_efficiency"] = cfg.compute_efficiency
     if cfg.bandwidth_efficiency is not None:

@@ -21,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     register_profile(commands)
     _register_fit(commands)
     register_validate(commands)
+    _register_import(commands)
 
 
 def register_profile(commands: argparse._SubParsersAction) -> None:
@@ -70,4 +71,63 @@ def _fit(args: argparse.Namespace) -> int:
         return 2
     print(format_report(report))
     print(f"wrote {args.dir.rstrip('/')}/{FIT_FILE}")
+    return 0
+
+
+def _register_import(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "import", help="turn a published GPU profile (Vidur, LLMServingSim) into a table",
+        description="Compose step times from a published per-kernel GPU profile, write them "
+                    "as a device-time table at OUT and fit it; parts the profile lacks "
+                    "(attention, lm_head, all-reduce, CPU overhead) come from the roofline "
+                    "and are named in metadata.json and here.")
+    p.add_argument("source", choices=("vidur", "llmservingsim"), help="who published DIR")
+    p.add_argument("dir", help="one profiled model: Vidur's compute/<gpu>/<org>/<model>/ "
+                               "(mlp.csv[, attention.csv]) or LLMServingSim's "
+                               "<GPU>/<org>/<model>/tp<N>/ (layers.csv)")
+    p.add_argument("--model", required=True, help="catalogue model the profile measured")
+    p.add_argument("--gpu", required=True, help="catalogue GPU it ran on, e.g. a100-80gb")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
+    p.add_argument("--out", required=True, help="table directory to write")
+    p.add_argument("--attention", default=None, metavar="FILE",
+                   help="vidur: an attention.csv elsewhere than DIR")
+    p.add_argument("--cpu-overheads", default=None, metavar="FILE",
+                   help="vidur: a cpu_overheads.csv with this model's host times")
+    p.add_argument("--commit", default=None, help="the source repository's commit, recorded")
+    p.add_argument("--block-size", type=int, default=16, help="KV block size (default 16)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=4096, metavar="N",
+                   help="largest step the table's grid composes (default 4096)")
+    p.add_argument("--max-num-seqs", type=int, default=128, metavar="N",
+                   help="largest decode batch composed (default 128)")
+    p.set_defaults(func=_import)
+
+
+def _import(args: argparse.Namespace) -> int:
+    from calibrate.fit import format_report
+    from calibrate.import_profile import describe, import_profile
+    from sim.config.catalogue import get_hardware, get_model
+    from sim.latency.table_format import TableError
+    from sim.results.output_dir import OutputDirError, check_output_dir
+
+    for option, value in (("--tp", args.tp), ("--block-size", args.block_size),
+                          ("--max-num-batched-tokens", args.max_num_batched_tokens),
+                          ("--max-num-seqs", args.max_num_seqs)):
+        if value < 1:
+            print(f"error: {option}: must be >= 1, got {value}", file=sys.stderr)
+            return 2
+    try:
+        spec, hardware = get_model(args.model), get_hardware(args.gpu)
+        check_output_dir(Path(args.out), "--out")
+        result = import_profile(
+            args.source, args.dir, spec, hardware, args.out, args.tp, args.block_size,
+            args.max_num_batched_tokens, args.max_num_seqs,
+            Path(args.attention) if args.attention else None,
+            Path(args.cpu_overheads) if args.cpu_overheads else None, args.commit)
+    except (OutputDirError, TableError, ValueError, KeyError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    for line in describe(result):
+        print(line)
+    print(format_report(result.report))
     return 0

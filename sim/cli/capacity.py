@@ -28,7 +28,10 @@ import yaml
 
 from sim.config.capacity import capacity_report
 from sim.config.catalogue import get_hardware, get_model, model_from_fields
-from sim.config.specs import ModelSpec, check_tp
+from sim.config.specs import HardwareSpec, ModelSpec, check_tp
+from sim.core.plan import StepShape
+from sim.latency.roofline import RooflineLatency
+from sim.latency.roofline_terms import family_of
 
 DEFAULT_MODEL = "llama-3-8b"
 _GIB = 1024**3
@@ -132,6 +135,11 @@ def format_report(r: dict[str, Any]) -> str:
                              f"{_gib(r['kv_bytes_context_batch'])} KV) / "
                              f"{r['memory_bandwidth_bytes_per_s'] / 1e12:,.2f} TB/s = "
                              f"{_ms(r['decode_step_floor_s'])} per step at batch {batch:,}"),
+            *([("roofline step", f"{_ms(r['roofline_decode_step_s'])} per decode step at batch "
+                                 f"{batch:,}: the default latency model, "
+                                 f"{r['roofline_family']} ({r['roofline_family_why']}); "
+                                 f"its CPU share {_ms(r['roofline_cpu_s'])}")]
+              if "roofline_decode_step_s" in r else []),
             ("crossover", crossover),
             ("  weights only", f"batch {r['crossover_batch_weights_only']:,.1f}: where the "
                                "linear layers alone turn compute-bound (attention's KV reads "
@@ -209,6 +217,18 @@ def _load_model(args: argparse.Namespace) -> ModelSpec:
     return model_from_fields(fields)
 
 
+def _roofline_decode(model: ModelSpec, hw: HardwareSpec, tp: int, r: dict[str, Any]
+                     ) -> dict[str, Any]:
+    """What the default latency model says one decode step of the sheet's batch takes."""
+    roofline = RooflineLatency(model, hw, tp=tp, dtype_bytes=r["dtype_bytes"])
+    batch, ctx = r["batch_size"], r["context_tokens"]
+    parts = roofline.breakdown(StepShape(num_decodes=batch, decode_context_sum=batch * ctx,
+                                         decode_context_max=ctx, padded_batch=batch))
+    family, why = family_of(hw.name)
+    return {"roofline_decode_step_s": parts["total_s"], "roofline_cpu_s": parts["overhead_s"],
+            "roofline_family": family, "roofline_family_why": why}
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the report; exit 1 when not one sequence fits, 2 (one line on stderr) on bad
     input."""
@@ -235,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"servesim capacity: error: {err}", file=sys.stderr)
         return 2
+    if report["fits"]:
+        report = {**report, **_roofline_decode(model, hw, tp, report)}
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0 if report["fits"] else EXIT_DOES_NOT_FIT
 

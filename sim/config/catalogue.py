@@ -48,6 +48,9 @@ MODELS: Mapping[str, ModelSpec] = MappingProxyType({
                             rope_theta=1000000.0),
     "mixtral-8x7b": ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, 32768, False,
                               num_experts=8, experts_per_token=2, rope_theta=1000000.0),
+    # CodeLlama-34B (Llama-2 architecture, GQA 8): the published A100/H100 profiles' model.
+    "codellama-34b": ModelSpec("codellama-34b", 48, 8192, 64, 8, 128, 22016, 32000, 16384,
+                               False, rope_theta=1000000.0),
     # Real shapes are far too slow for CPU engine tests; this one runs in milliseconds.
     "tiny": ModelSpec("tiny", 2, 64, 4, 2, 16, 128, 256, 2048, False),
     # A ~100M-parameter Llama shape: big enough that CPU engine timings mean something.

@@ -125,12 +125,18 @@ class LatencyConfig(StrictModel):
     path: str | None = Field(None, min_length=1, description="table: the calibration table "
                              "directory, relative to the scenario file")
     step_overhead_ms: float | None = Field(
-        None, ge=0.0, description="roofline: fixed cost per step (default 2 ms)")
+        None, ge=0.0, description="host (CPU) time per step, ms: "
+        "roofline default the GPU family's fit; table default the table's own CPU term "
+        "(an imported table's metadata), else 0")
+    seq_overhead_ms: float | None = Field(
+        None, ge=0.0, description="host (CPU) time per sequence in a "
+        "step, ms; defaults as step_overhead_ms")
     compute_efficiency: float | None = Field(
-        None, gt=0.0, le=1.0, description="roofline: share of peak FLOP/s reached (default 0.6)")
+        None, gt=0.0, le=1.0, description="roofline: share of dense peak FLOP/s a large GEMM "
+        "reaches (default: the GPU family's fit, ~0.7)")
     bandwidth_efficiency: float | None = Field(
-        None, gt=0.0, le=1.0, description="roofline: share of memory bandwidth reached "
-        "(default 0.8)")
+        None, gt=0.0, le=1.0, description="roofline: share of memory bandwidth a GEMM's "
+        "weight read reaches (default: the GPU family's fit, 0.84-0.94)")
 
     def problem(self) -> str | None:
         """A 'latency.<field>: why' message when the options do not suit `model`."""
@@ -138,8 +144,8 @@ class LatencyConfig(StrictModel):
             if self.path is None:
                 return ("latency.path: model table needs the calibration table directory "
                         "(relative to the scenario file)")
-            knobs = [k for k in ("step_overhead_ms", "compute_efficiency",
-                                 "bandwidth_efficiency") if getattr(self, k) is not None]
+            knobs = [k for k in ("compute_efficiency", "bandwidth_efficiency")
+                     if getattr(self, k) is not None]
             if knobs:
                 return (f"latency.{knobs[0]}: tunes the roofline model only; a table brings "
                         f"its own fitted coefficients (got model table)")

@@ -1,9 +1,16 @@
-"""Roofline step latency: max(compute time, HBM time) plus fixed and collective costs.
+"""Roofline step latency: each kernel's max(compute, HBM) time, plus host and collective costs.
 
 Needs nothing but a ModelSpec and a HardwareSpec, so it is the default when no
-calibration table exists. Prefill turns out compute-bound and decode
-memory-bound because of the shapes, not because of any special case: a step
-reads the weights once however many tokens it computes.
+calibration table exists. The terms (sim.latency.roofline_terms) price every
+layer's four GEMMs (a soft maximum of weight-read and compute time, with a
+launch each and a tile's worth of rows), its small kernels and its attention,
+then lm_head and sampling once, a CPU overhead per step and per sequence, and
+the tensor-parallel all-reduces. Their constants are fitted per GPU family on
+published A100 and H100 kernel timings (`python -m calibrate.fit_roofline`);
+a GPU without data takes its nearest family's fit (roofline_terms.GPU_FAMILIES).
+Prefill turns out compute-bound and decode memory-bound because of the shapes,
+not because of any special case: a step reads the weights once however many
+tokens it computes.
 
 Swap preemption's KV transfers (StepShape.swap_*_tokens) go over the host link
 and are added to the step that carries them: kernels wait for swapped-in KV,
@@ -20,27 +27,26 @@ are priced by sim.latency.draft.SpeculativeLatency around this model.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
-from sim.config.costs import (
-    allreduce_time_s,
-    attention_flops_per_pair,
-    expert_weight_bytes,
-    kv_bytes_per_token,
-    linear_flops_per_token,
-    lm_head_flops_per_seq,
-    weights_read_bytes,
-)
+from sim.config.costs import allreduce_time_s
 from sim.config.specs import HardwareSpec, ModelSpec, check_tp, kv_heads_per_gpu
 from sim.core.plan import StepShape
+from sim.latency.roofline_terms import (
+    GemmCost,
+    LayerDims,
+    RooflineParams,
+    attention_s,
+    cpu_overhead_s,
+    gemm_cost,
+    params_for,
+    sampling_s,
+    small_kernels_s,
+)
 
-# Per step: scheduler, input prep, sampling and launch gaps of a vLLM-class engine
-# measure ~1-3 ms outside the kernels; calibration replaces this guess.
-DEFAULT_STEP_OVERHEAD_S = 2e-3
-# Large bf16 GEMMs reach 60-75% of dense peak; attention and small shapes less.
-DEFAULT_COMPUTE_EFFICIENCY = 0.6
-# Streaming weight and KV reads reach 80-90% of datasheet HBM bandwidth.
-DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
+# What step_time adds up (breakdown's keys, besides swap_s and total_s).
+PARTS = ("gemm_s", "small_s", "attention_s", "lm_head_s", "overhead_s", "allreduce_s")
 # Fixed cost of one small all-reduce (custom all-reduce / NCCL LL on NVLink).
 DEFAULT_ALLREDUCE_LATENCY_S = 8e-6
 
@@ -50,30 +56,40 @@ def _check_fraction(name: str, value: float) -> None:
         raise ValueError(f"{name} must be in (0, 1], got {value!r}")
 
 
+def model_dims(model: ModelSpec, tp: int) -> LayerDims:
+    """One GPU's kernel widths; an MoE layer's MLP is one expert's (priced per expert)."""
+    return LayerDims(model.num_layers, model.hidden_size, model.num_heads * model.head_dim // tp,
+                     kv_heads_per_gpu(model, tp) * model.head_dim,
+                     model.intermediate_size / tp, 2, model.vocab_size / tp)
+
+
 @dataclass(frozen=True, slots=True)
 class RooflineLatency:
-    """Step time from FLOPs and bytes of one step of `model` on `tp` x `hardware`."""
+    """Step time of one step of `model` on `tp` x `hardware`, from the kernels' FLOPs and bytes.
+
+    `params` default to the hardware's family fit; `step_overhead_s`,
+    `seq_overhead_s`, `compute_efficiency` and `bandwidth_efficiency` override
+    single constants of it (None: the fit's).
+    """
 
     model: ModelSpec
     hardware: HardwareSpec
     tp: int = 1
     dtype_bytes: float = 2
-    step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
-    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
-    bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
+    step_overhead_s: float | None = None
+    compute_efficiency: float | None = None
+    bandwidth_efficiency: float | None = None
     allreduce_latency_s: float = DEFAULT_ALLREDUCE_LATENCY_S
+    seq_overhead_s: float | None = None
+    params: RooflineParams | None = None
     name: str = "roofline"
-    # Per-step constants, derived once so step_time is a handful of float ops.
-    _linear_flops_per_token: float = field(init=False, repr=False, compare=False)
-    _lm_head_flops_per_seq: float = field(init=False, repr=False, compare=False)
+    _p: RooflineParams = field(init=False, repr=False, compare=False)
+    _dims: LayerDims = field(init=False, repr=False, compare=False)
+    _gemms: tuple[GemmCost, ...] = field(init=False, repr=False, compare=False)
     _attn_flops_per_pair: float = field(init=False, repr=False, compare=False)
     _kv_bytes_per_token: float = field(init=False, repr=False, compare=False)
-    _act_bytes_per_token: float = field(init=False, repr=False, compare=False)
-    _dense_weight_bytes: float = field(init=False, repr=False, compare=False)
-    _expert_bytes: float = field(init=False, repr=False, compare=False)
     _flops_per_s: float = field(init=False, repr=False, compare=False)
     _bytes_per_s: float = field(init=False, repr=False, compare=False)
-    _host_link_bytes_per_s: float = field(init=False, repr=False, compare=False)
     _allreduce_bytes_per_token: float = field(init=False, repr=False, compare=False)
     _allreduce_fixed_s: float = field(init=False, repr=False, compare=False)
 
@@ -82,42 +98,52 @@ class RooflineLatency:
         check_tp(m, tp)
         if not dtype > 0:
             raise ValueError(f"dtype_bytes must be positive, got {dtype!r}")
-        if not self.step_overhead_s >= 0:
-            raise ValueError(f"step_overhead_s must be >= 0, got {self.step_overhead_s!r}")
+        for name in ("step_overhead_s", "seq_overhead_s"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
         if not self.allreduce_latency_s >= 0:
             raise ValueError(f"allreduce_latency_s must be >= 0, "
                              f"got {self.allreduce_latency_s!r}")
-        _check_fraction("compute_efficiency", self.compute_efficiency)
-        _check_fraction("bandwidth_efficiency", self.bandwidth_efficiency)
-        expert = expert_weight_bytes(m, dtype, tp) if m.is_moe else 0.0
-        dense = weights_read_bytes(m, 1, dtype, tp) - m.experts_per_token * expert
-        h = m.hidden_size
-        q_kv = (m.num_heads / tp + 2 * kv_heads_per_gpu(m, tp)) * m.head_dim
-        mlp = 3 * m.intermediate_size * m.experts_per_token / tp
+        for name in ("compute_efficiency", "bandwidth_efficiency"):
+            if getattr(self, name) is not None:
+                _check_fraction(name, getattr(self, name))
+        overrides = {k: v for k, v in (("cpu_step_s", self.step_overhead_s),
+                                       ("cpu_seq_s", self.seq_overhead_s),
+                                       ("compute_efficiency", self.compute_efficiency),
+                                       ("bandwidth_efficiency", self.bandwidth_efficiency))
+                     if v is not None}
+        params = dataclasses.replace(self.params or params_for(self.hardware.name), **overrides)
+        dims = model_dims(m, tp)
+        kv_dim = kv_heads_per_gpu(m, tp) * m.head_dim
         multi_gpu = tp > 1
         values = {
-            "_linear_flops_per_token": linear_flops_per_token(m, tp),
-            "_lm_head_flops_per_seq": lm_head_flops_per_seq(m, tp),
-            "_attn_flops_per_pair": attention_flops_per_pair(m, tp),
-            "_kv_bytes_per_token": kv_bytes_per_token(m, dtype, tp),
-            # Each layer writes and rereads a few hidden- and intermediate-sized tensors.
-            "_act_bytes_per_token": m.num_layers * (4 * h + q_kv + mlp) * dtype,
-            "_dense_weight_bytes": dense,
-            "_expert_bytes": expert,
-            "_flops_per_s": self.hardware.bf16_flops_per_s * self.compute_efficiency,
-            "_bytes_per_s": (self.hardware.memory_bandwidth_bytes_per_s
-                             * self.bandwidth_efficiency),
-            "_host_link_bytes_per_s": self.hardware.host_link_bandwidth_bytes_per_s,
+            "_p": params,
+            "_dims": dims,
+            # q/k/v, output, gate+up, down, lm_head
+            "_gemms": tuple(gemm_cost(k, n, self.hardware.bf16_flops_per_s,
+                                      self.hardware.memory_bandwidth_bytes_per_s, params, dtype)
+                            for k, n in (*dims.gemms, (dims.hidden, dims.vocab))),
+            "_attn_flops_per_pair": 4 * m.num_heads / tp * m.head_dim,  # one layer
+            "_kv_bytes_per_token": 2 * kv_dim * dtype,  # one layer
+            "_flops_per_s": self.hardware.bf16_flops_per_s,
+            "_bytes_per_s": self.hardware.memory_bandwidth_bytes_per_s,
             # Two all-reduces per layer (after attention and after the MLP).
-            "_allreduce_bytes_per_token": 2 * m.num_layers * h * dtype if multi_gpu else 0.0,
+            "_allreduce_bytes_per_token": (2 * m.num_layers * m.hidden_size * dtype
+                                           if multi_gpu else 0.0),
             "_allreduce_fixed_s": (2 * m.num_layers * self.allreduce_latency_s
                                    if multi_gpu else 0.0),
         }
         for key, value in values.items():
             object.__setattr__(self, key, value)
 
-    def _terms(self, shape: StepShape) -> tuple[float, float, int]:
-        """FLOPs, HBM bytes and token rows of one step."""
+    @property
+    def fitted(self) -> RooflineParams:
+        """The constants in use: the family's fit with this model's overrides."""
+        return self._p
+
+    def _counts(self, shape: StepShape) -> tuple[float, float, float, float, float]:
+        """Token rows, query-key pairs, KV tokens touched, sequences, logit rows."""
         prefill_tokens = 0
         pairs = 0.0  # query-key pairs attended, summed over the step
         kv_read_tokens = shape.decode_context_sum
@@ -135,53 +161,81 @@ class RooflineLatency:
             mean_k = drafts / shape.num_spec_decodes
             pairs += mean_k * shape.spec_context_sum + drafts * (mean_k + 3) * 0.5
         rows = prefill_tokens + decodes + drafts + padding
-        if rows == 0:
-            return 0.0, 0.0, 0
-        flops = (rows * self._linear_flops_per_token + (seqs + padding + drafts)
-                 * self._lm_head_flops_per_seq + pairs * self._attn_flops_per_pair)
-        model = self.model
-        touched = min(model.num_experts, rows * model.experts_per_token)
-        num_bytes = (self._dense_weight_bytes + touched * self._expert_bytes
-                     + (kv_read_tokens + prefill_tokens + decodes + drafts)
-                     * self._kv_bytes_per_token
-                     + rows * self._act_bytes_per_token)
-        return flops, num_bytes, rows
+        kv_tokens = kv_read_tokens + prefill_tokens + decodes + drafts
+        return float(rows), pairs, float(kv_tokens), float(seqs), float(seqs + padding + drafts)
 
-    def _times(self, shape: StepShape) -> tuple[float, float, float, float, float]:
-        """Compute, HBM and all-reduce seconds plus the FLOPs and bytes behind them."""
-        flops, num_bytes, rows = self._terms(shape)
+    def _layer_gemms_s(self, rows: float) -> float:
+        """Attention projections, then the MLP: dense, or each touched expert over its rows."""
+        qkv, out, up, down, _ = self._gemms
+        m = self.model
+        if not m.is_moe:
+            return qkv.seconds(rows) + out.seconds(rows) + up.seconds(rows) + down.seconds(rows)
+        touched = min(m.num_experts, rows * m.experts_per_token)
+        per_expert = rows * m.experts_per_token / touched
+        return (qkv.seconds(rows) + out.seconds(rows)
+                + touched * (up.seconds(per_expert) + down.seconds(per_expert)))
+
+    def _parts(self, shape: StepShape) -> tuple[float, ...]:
+        """Every priced part of one step in PARTS' order, seconds (empty: nothing runs)."""
+        rows, pairs, kv_tokens, seqs, logit_rows = self._counts(shape)
         if rows == 0:
-            return 0.0, 0.0, 0.0, 0.0, 0.0
-        allreduce_s = self._allreduce_fixed_s + allreduce_time_s(
-            rows * self._allreduce_bytes_per_token, self.tp, self.hardware)
-        return (flops / self._flops_per_s, num_bytes / self._bytes_per_s, allreduce_s,
-                flops, num_bytes)
+            return ()
+        p, dims, b = self._p, self._dims, self._bytes_per_s
+        layers = self.model.num_layers
+        attention = layers * attention_s(
+            pairs * self._attn_flops_per_pair, kv_tokens * self._kv_bytes_per_token,
+            self._flops_per_s, b, p) if pairs else 0.0
+        return (layers * self._layer_gemms_s(rows),
+                # the activation runs per expert row
+                layers * small_kernels_s(dims, rows * self.model.experts_per_token, b, p,
+                                         self.dtype_bytes),
+                attention,
+                self._gemms[4].seconds(logit_rows) + sampling_s(dims, logit_rows, b, p),
+                cpu_overhead_s(seqs, p),
+                self._allreduce_fixed_s + allreduce_time_s(
+                    rows * self._allreduce_bytes_per_token, self.tp, self.hardware)
+                if self.tp > 1 else 0.0)
+
+    def _work(self, rows: float, pair_flops: float, kv_bytes: float, logit_rows: float
+              ) -> dict[str, float]:
+        """FLOPs and HBM bytes of the step's kernels, and their ideal times: the regimes."""
+        m, d, p, dtype = self.model, self._dims, self._p, self.dtype_bytes
+        qkv, out, up, down = d.gemms
+        attn_kn = qkv[0] * qkv[1] + out[0] * out[1]
+        mlp_kn = up[0] * up[1] + down[0] * down[1]
+        touched = min(m.num_experts, rows * m.experts_per_token)
+        flops = (m.num_layers * (2 * rows * (attn_kn + m.experts_per_token * mlp_kn) + pair_flops)
+                 + 2 * logit_rows * d.hidden * d.vocab)
+        weights = m.num_layers * (attn_kn + touched * mlp_kn) + d.hidden * d.vocab
+        acts = m.num_layers * rows * m.experts_per_token * d.small_bytes_per_row
+        num_bytes = (weights + acts) * dtype + m.num_layers * kv_bytes
+        return {"flops": flops, "bytes": num_bytes,
+                "compute_s": flops / (self._flops_per_s * p.compute_efficiency),
+                "memory_s": num_bytes / (self._bytes_per_s * p.bandwidth_efficiency)}
+
+    def sampling_s(self, seqs: float) -> float:
+        """Sampling's logit traffic for `seqs` sequences (part of lm_head_s)."""
+        return sampling_s(self._dims, seqs, self._bytes_per_s, self._p)
 
     def swap_time_s(self, shape: StepShape) -> float:
         """Host-link seconds for the KV the step swaps out and in (one GPU's shard each)."""
         slots = shape.swap_out_tokens + shape.swap_in_tokens
-        return slots * self._kv_bytes_per_token / self._host_link_bytes_per_s if slots else 0.0
+        return (slots * self.model.num_layers * self._kv_bytes_per_token
+                / self.hardware.host_link_bandwidth_bytes_per_s) if slots else 0.0
 
     def step_time(self, shape: StepShape) -> float:
         """Seconds for one step; an empty shape launches nothing and costs 0 (but swaps)."""
-        compute_s, memory_s, allreduce_s, flops, _ = self._times(shape)
-        swap_s = self.swap_time_s(shape)
-        if flops == 0.0:
-            return swap_s
-        return max(compute_s, memory_s) + self.step_overhead_s + allreduce_s + swap_s
+        swapped = shape.swap_out_tokens + shape.swap_in_tokens
+        return sum(self._parts(shape)) + (self.swap_time_s(shape) if swapped else 0.0)
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
-        """Every term of step_time, for capacity reports and tests."""
-        compute_s, memory_s, allreduce_s, flops, num_bytes = self._times(shape)
-        overhead_s = self.step_overhead_s if flops else 0.0
-        swap_s = self.swap_time_s(shape)
-        return {
-            "compute_s": compute_s,
-            "memory_s": memory_s,
-            "overhead_s": overhead_s,
-            "allreduce_s": allreduce_s,
-            "flops": flops,
-            "bytes": num_bytes,
-            "swap_s": swap_s,
-            "total_s": max(compute_s, memory_s) + overhead_s + allreduce_s + swap_s,
-        }
+        """Every term of step_time (and the kernels' ideal compute and HBM time)."""
+        parts = dict.fromkeys((*PARTS, "flops", "bytes", "compute_s", "memory_s"), 0.0)
+        parts.update(zip(PARTS, self._parts(shape), strict=False))
+        rows, pairs, kv_tokens, _, logit_rows = self._counts(shape)
+        if rows:
+            parts.update(self._work(rows, pairs * self._attn_flops_per_pair,
+                                    kv_tokens * self._kv_bytes_per_token, logit_rows))
+        parts["swap_s"] = self.swap_time_s(shape)
+        parts["total_s"] = self.step_time(shape)
+        return parts

@@ -161,11 +161,15 @@ class TableLatency:
 
     `swap_s_per_token`: host-link seconds per KV token slot swapped out or in
     (KV bytes per token over the host link bandwidth; 0 ignores swaps).
+    `cpu_step_s` and `cpu_seq_s`: host time outside a device-time fit, per step
+    and per sequence in it (an imported profile's CPU overhead).
     """
 
     fit: TableFit
     name: str = "table"
     swap_s_per_token: float = 0.0
+    cpu_step_s: float = 0.0
+    cpu_seq_s: float = 0.0
     _knots: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _values_s: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _slopes_s: tuple[float, ...] = field(init=False, repr=False, compare=False)
@@ -176,9 +180,10 @@ class TableLatency:
     _verify_s: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not (np.isfinite(self.swap_s_per_token) and self.swap_s_per_token >= 0):
-            raise ValueError(f"swap_s_per_token must be finite and >= 0, "
-                             f"got {self.swap_s_per_token!r}")
+        for name in ("swap_s_per_token", "cpu_step_s", "cpu_seq_s"):
+            value = getattr(self, name)
+            if not (np.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
         fit = self.fit
         knots = tuple(float(k) for k in fit.knots_tokens)
         slopes = tuple(s / 1e3 for s in fit.segment_slopes_ms_per_token)
@@ -233,4 +238,4 @@ class TableLatency:
         padded_s = self._padded_s * decode_padded_tokens(shape) if self._padded_s else 0.0
         idle_s = self._idle_s if not decodes else 0.0
         return (linear_s + a * pairs + b * decode_tokens + c * len(chunks) + d * decodes
-                + padded_s + idle_s + verify_s + swap_s)
+                + padded_s + idle_s + verify_s + swap_s + self.cpu_step_s + self.cpu_seq_s * seqs)

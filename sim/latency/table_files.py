@@ -136,7 +136,12 @@ def read_metadata(directory: str | Path) -> TableMetadata:
         spec = raw["model_spec"]
         if not isinstance(spec, Mapping):
             raise ValueError(f"model_spec must be a mapping of ModelSpec fields, got {spec!r}")
-        return TableMetadata(**{**raw, "model_spec": model_from_fields(spec)})
+        provenance = raw.get("provenance", {})
+        if not isinstance(provenance, Mapping):
+            raise ValueError(f"provenance must be a mapping of names to text, got {provenance!r}")
+        return TableMetadata(**{**raw, "model_spec": model_from_fields(spec),
+                                "provenance": tuple((str(k), str(v))
+                                                    for k, v in provenance.items())})
     except (TypeError, ValueError) as err:
         raise TableError(f"{path}: {err}") from None
 
@@ -218,8 +223,13 @@ def load_table(directory: str | Path, expected_spec: ModelSpec | None = None,
 
 def open_table_latency(directory: str | Path, expected_spec: ModelSpec | None = None,
                        expected_block_size: int | None = None, tp: int = 1,
-                       swap_s_per_token: float = 0.0) -> TableLatency:
-    """`load_table` as a LatencyModel named table(<directory name>, <device name>)."""
+                       swap_s_per_token: float = 0.0, cpu_step_ms: float | None = None,
+                       cpu_seq_ms: float | None = None) -> TableLatency:
+    """`load_table` as a LatencyModel named table(<directory name>, <device name>); the CPU
+    terms are the table's own unless given."""
     table = load_table(directory, expected_spec, expected_block_size, tp)
     name = f"table({table.path.resolve().name}, {table.metadata.device_name})"
-    return TableLatency(table.fit, name, swap_s_per_token)
+    meta = table.metadata
+    step_ms = meta.cpu_step_ms if cpu_step_ms is None else cpu_step_ms
+    seq_ms = meta.cpu_seq_ms if cpu_seq_ms is None else cpu_seq_ms
+    return TableLatency(table.fit, name, swap_s_per_token, step_ms / 1e3, seq_ms / 1e3)

@@ -133,6 +133,13 @@ class TableMetadata:
     created: str = dataclasses.field(
         default_factory=lambda: datetime.date.today().isoformat())
     tp: int = 1  # tensor-parallel GPUs the engine ran on
+    # Host time a device-time table leaves out, added to every step it prices (an imported
+    # profile carries them; a wall-time table has them inside its fit: 0)
+    cpu_step_ms: float = 0.0
+    cpu_seq_ms: float = 0.0
+    # where the numbers come from, field by field (an imported profile: repository, commit,
+    # files; which parts the roofline supplied)
+    provenance: tuple[tuple[str, str], ...] = ()
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -145,9 +152,17 @@ class TableMetadata:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("cpu_step_ms", "cpu_seq_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                    0 <= value < math.inf):
+                raise ValueError(f"{name} must be a finite number of ms >= 0, got {value!r}")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.provenance):
+            raise ValueError(f"provenance must map names to text, got {self.provenance!r}")
 
     def to_dict(self) -> dict[str, Any]:
         raw = dataclasses.asdict(self)
+        raw["provenance"] = dict(self.provenance)
         return {"format_version": raw.pop("format_version"), **raw}
 
 

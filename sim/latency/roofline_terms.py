@@ -1,0 +1,246 @@
+"""The roofline's terms, each a small physical law, and their fitted constants per GPU family.
+
+A step of a decoder runs, on each GPU, `num_layers` times: four GEMMs (fused
+q/k/v, attention output, gate+up, down), a few small element-wise kernels
+(two norms, rope, the activation, the residual add) and attention; then once
+the lm_head GEMM over the sequences that emit a token, and sampling. The
+host spends time around every step (scheduling, input preparation, output
+processing), part of it per sequence. Each term here prices one of those:
+
+- a GEMM of `rows` x k @ k x n reads its weights and activations from HBM
+  and does 2 rows k n FLOPs, paying for at least a tile's rows more (its
+  compute efficiency rises with rows). Its time is the soft maximum
+  (t_mem^p + t_compute^p)^(1/p) of the two, plus a launch: with p finite
+  the GEMM leaves the memory-bound regime before the ideal crossover (real
+  kernels do: tiles and waves quantise), and p is fitted, not assumed;
+- small kernels: a per-layer constant (their launches) plus their
+  activation bytes at the GEMMs' bandwidth;
+- attention per layer: a launch plus max(FLOPs over the query-key pairs,
+  KV bytes read), at its own efficiencies;
+- lm_head is a GEMM like any other; sampling reads and writes fp32 logits;
+- CPU overhead: a per-step and a per-sequence term (serial with the GPU, as
+  in vLLM's engine loop).
+
+Prefill stays compute-bound and decode memory-bound because of the shapes:
+a step reads each weight once however many rows it multiplies.
+
+The constants come from `python benchmarks/fit_roofline.py`, which fits them
+per family on published kernel timings (calibration/measured/, Vidur,
+LLMServingSim, inference-sim) and prints the held-out models' errors.
+Every function is pure and works on floats and numpy arrays alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+SAMPLING_BYTES_PER_LOGIT = 3 * 4  # fp32 logits written, read for softmax, probabilities read
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineParams:
+    """The fitted constants of one accelerator family (efficiencies are shares of datasheet)."""
+
+    family: str
+    bandwidth_efficiency: float  # a streaming GEMM weight read, share of datasheet HBM
+    compute_efficiency: float  # a large GEMM, share of dense peak
+    transition_sharpness: float  # p of the soft max between memory and compute time
+    gemm_tile_rows: float  # a GEMM computes as if over at least ~this many more rows (tiles)
+    gemm_launch_s: float  # fixed cost of every GEMM kernel
+    layer_small_s: float  # per layer: norms, rope, activation, residual add (launches)
+    attention_bandwidth_efficiency: float
+    attention_compute_efficiency: float
+    attention_launch_s: float  # per layer
+    cpu_step_s: float  # host time per step
+    cpu_seq_s: float  # host time per sequence in the step
+    fitted_on: str  # where the numbers come from
+
+    def __post_init__(self) -> None:
+        for name in ("bandwidth_efficiency", "compute_efficiency",
+                     "attention_bandwidth_efficiency", "attention_compute_efficiency"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+        if not self.transition_sharpness >= 1:
+            raise ValueError(f"transition_sharpness must be >= 1, "
+                             f"got {self.transition_sharpness!r}")
+        for name in ("gemm_tile_rows", "gemm_launch_s", "layer_small_s", "attention_launch_s",
+                     "cpu_step_s", "cpu_seq_s"):
+            value = getattr(self, name)
+            if not (value >= 0 and value < float("inf")):
+                raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class LayerDims:
+    """What sizes one GPU's kernels: every width already divided by tensor parallelism."""
+
+    num_layers: int
+    hidden: int
+    q_dim: int  # query heads x head_dim on this GPU
+    kv_dim: int  # KV heads x head_dim on this GPU (replicated when tp > KV heads)
+    intermediate: float  # MLP width on this GPU
+    mlp_in_matrices: int  # 2 for gate + up (SwiGLU), 1 for an ungated MLP
+    vocab: float  # lm_head columns on this GPU
+
+    @property
+    def gemms(self) -> tuple[tuple[float, float], ...]:
+        """(k, n) of the layer's four GEMMs: fused q/k/v, output, gate+up, down."""
+        h = self.hidden
+        return ((h, self.q_dim + 2 * self.kv_dim), (self.q_dim, h),
+                (h, self.mlp_in_matrices * self.intermediate), (self.intermediate, h))
+
+    @property
+    def small_bytes_per_row(self) -> float:
+        """Elements the small kernels move per token row: 2 norms (in, out), rope over q
+        and k (read, write), the activation (reads gate and up, writes one), the residual
+        add (two in, one out)."""
+        h = self.hidden
+        act = (self.mlp_in_matrices + 1) * self.intermediate
+        return 4 * h + 2 * (self.q_dim + self.kv_dim) + act + 3 * h
+
+
+def soft_max(a: Any, b: Any, p: float) -> Any:
+    """(a^p + b^p)^(1/p): max(a, b) as p grows, a + b at p = 1; floats or numpy arrays."""
+    if isinstance(a, float | int) and isinstance(b, float | int):
+        hi = a if a >= b else b
+        if hi <= 0:
+            return 0.0
+        return hi * ((a / hi) ** p + (b / hi) ** p) ** (1.0 / p)
+    hi = np.maximum(a, b)
+    safe = np.where(hi > 0, hi, 1.0)
+    return hi * ((a / safe) ** p + (b / safe) ** p) ** (1.0 / p)
+
+
+@dataclass(frozen=True, slots=True)
+class GemmCost:
+    """One GEMM's constants, derived once: time = launch + soft max(memory, compute)."""
+
+    launch_s: float
+    memory_s: float  # weights' read
+    memory_s_per_row: float  # activations in and out
+    compute_s_per_row: float
+    tile_rows: float
+    sharpness: float
+
+    def __call__(self, rows: Any) -> Any:
+        return self.launch_s + soft_max(self.memory_s + rows * self.memory_s_per_row,
+                                        (rows + self.tile_rows) * self.compute_s_per_row,
+                                        self.sharpness)
+
+    def seconds(self, rows: float) -> float:
+        """`self(rows)` for one float, in plain arithmetic: the simulator's hot path."""
+        memory = self.memory_s + rows * self.memory_s_per_row
+        compute = (rows + self.tile_rows) * self.compute_s_per_row
+        p = self.sharpness
+        if memory >= compute:
+            return self.launch_s + memory * (1.0 + (compute / memory) ** p) ** (1.0 / p)
+        return self.launch_s + compute * (1.0 + (memory / compute) ** p) ** (1.0 / p)
+
+
+def gemm_cost(k: float, n: float, flops_per_s: float, bytes_per_s: float,
+              params: RooflineParams, dtype_bytes: float = 2) -> GemmCost:
+    """A k x n GEMM's constants: HBM at the bandwidth efficiency, FLOPs at the compute one."""
+    bandwidth = bytes_per_s * params.bandwidth_efficiency
+    return GemmCost(params.gemm_launch_s, k * n * dtype_bytes / bandwidth,
+                    (k + n) * dtype_bytes / bandwidth,
+                    2.0 * k * n / (flops_per_s * params.compute_efficiency),
+                    params.gemm_tile_rows, params.transition_sharpness)
+
+
+def gemm_s(rows: Any, k: float, n: float, flops_per_s: float, bytes_per_s: float,
+           params: RooflineParams, dtype_bytes: float = 2) -> Any:
+    """One GEMM over `rows` token rows: launch + soft max(HBM time, compute time)."""
+    return gemm_cost(k, n, flops_per_s, bytes_per_s, params, dtype_bytes)(rows)
+
+
+def layer_gemms_s(dims: LayerDims, rows: Any, flops_per_s: float, bytes_per_s: float,
+                  params: RooflineParams, dtype_bytes: float = 2) -> Any:
+    """One layer's four GEMMs."""
+    return sum(gemm_s(rows, k, n, flops_per_s, bytes_per_s, params, dtype_bytes)
+               for k, n in dims.gemms)
+
+
+def small_kernels_s(dims: LayerDims, rows: Any, bytes_per_s: float, params: RooflineParams,
+                    dtype_bytes: float = 2) -> Any:
+    """One layer's norms, rope, activation and residual add."""
+    return params.layer_small_s + rows * dims.small_bytes_per_row * dtype_bytes / (
+        bytes_per_s * params.bandwidth_efficiency)
+
+
+def attention_s(pair_flops: Any, kv_bytes: Any, flops_per_s: float, bytes_per_s: float,
+                params: RooflineParams) -> Any:
+    """One layer's attention kernel: launch + max(FLOPs over its pairs, KV bytes read)."""
+    return params.attention_launch_s + soft_max(
+        pair_flops / (flops_per_s * params.attention_compute_efficiency),
+        kv_bytes / (bytes_per_s * params.attention_bandwidth_efficiency), 64.0)
+
+
+def lm_head_s(dims: LayerDims, seqs: Any, flops_per_s: float, bytes_per_s: float,
+              params: RooflineParams, dtype_bytes: float = 2) -> Any:
+    """The lm_head GEMM over the sequences that emit a token, then sampling's logit traffic."""
+    return gemm_s(seqs, dims.hidden, dims.vocab, flops_per_s, bytes_per_s, params,
+                  dtype_bytes) + sampling_s(dims, seqs, bytes_per_s, params)
+
+
+def sampling_s(dims: LayerDims, seqs: Any, bytes_per_s: float, params: RooflineParams) -> Any:
+    """Sampling's fp32 logits: written by lm_head, read for the softmax, probabilities read."""
+    return seqs * dims.vocab * SAMPLING_BYTES_PER_LOGIT / (
+        bytes_per_s * params.bandwidth_efficiency)
+
+
+def cpu_overhead_s(seqs: Any, params: RooflineParams) -> Any:
+    """Host time around one step of `seqs` sequences."""
+    return params.cpu_step_s + params.cpu_seq_s * seqs
+
+
+# ---------------------------------------------------------------- the fitted constants
+# Produced by `python -m calibrate.fit_roofline` (prints the train / held-out split) on
+# calibration/measured/ as its README pins it (Vidur 7d47513, LLMServingSim 5f18d86,
+# inference-sim a410740). Attention and CPU terms: see each family's fitted_on.
+FAMILIES: MappingProxyType[str, RooflineParams] = MappingProxyType({
+    "ampere": RooflineParams(
+        "ampere", bandwidth_efficiency=0.838, compute_efficiency=0.7148,
+        transition_sharpness=3.177, gemm_tile_rows=53.49, gemm_launch_s=6.067e-06,
+        layer_small_s=2.236e-05,
+        attention_bandwidth_efficiency=0.9523, attention_compute_efficiency=0.7118,
+        attention_launch_s=2.108e-05, cpu_step_s=1.433e-3, cpu_seq_s=4.13e-05,
+        fitted_on="A100 stacks: Vidur Llama-2-7B/70B, Qwen-72B, Llama-3-8B, phi-2 (tp 1-2); "
+                  "attention: the hopper fit; CPU: Vidur A100 host overheads"),
+    "hopper": RooflineParams(
+        "hopper", bandwidth_efficiency=0.9207, compute_efficiency=0.7065,
+        transition_sharpness=8.474, gemm_tile_rows=128.8, gemm_launch_s=5.512e-06,
+        layer_small_s=2.212e-05,
+        attention_bandwidth_efficiency=0.9523, attention_compute_efficiency=0.7118,
+        attention_launch_s=2.108e-05, cpu_step_s=1.433e-3, cpu_seq_s=4.13e-05,
+        fitted_on="H100 stacks: Vidur Llama-2-7B/70B, Qwen-72B, phi-2 (tp 1-2); attention: "
+                  "inference-sim H100 decode and prefill; CPU: Vidur A100 host overheads "
+                  "(no H100 host data)"),
+})
+
+# Catalogue GPU -> (family, why): a GPU without measured kernels takes its nearest family.
+GPU_FAMILIES: MappingProxyType[str, tuple[str, str]] = MappingProxyType({
+    "a100-80gb": ("ampere", "fitted on measured A100-80GB kernels"),
+    "h100-sxm": ("hopper", "fitted on measured H100-SXM kernels"),
+    "h100-pcie": ("hopper", "no measured kernels: H100-SXM's fit, the same architecture"),
+    "h200": ("hopper", "no measured kernels: H100-SXM's fit, the same Hopper die"),
+    "b200": ("hopper", "no measured kernels: H100-SXM's fit, the nearest family"),
+    "l40s": ("ampere", "no measured kernels: A100's fit, the nearest family"),
+    "mi300x": ("hopper", "no measured kernels: H100-SXM's fit, the nearest in bandwidth "
+                         "and FLOP/s"),
+})
+DEFAULT_FAMILY = "hopper"
+
+
+def family_of(gpu_name: str) -> tuple[str, str]:
+    """(family, why) for a GPU; a custom one takes the default family and says so."""
+    return GPU_FAMILIES.get(gpu_name, (DEFAULT_FAMILY, f"custom GPU: the {DEFAULT_FAMILY} "
+                                                       f"family's fit"))
+
+
+def params_for(gpu_name: str) -> RooflineParams:
+    return FAMILIES[family_of(gpu_name)[0]]

@@ -1,0 +1,99 @@
+"""The fitted roofline's terms obey their physics (no measured data needed)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from sim.config.catalogue import HARDWARE, get_hardware, get_model
+from sim.core.plan import StepShape
+from sim.latency.roofline import RooflineLatency, model_dims
+from sim.latency.roofline_terms import (
+    FAMILIES,
+    attention_s,
+    cpu_overhead_s,
+    family_of,
+    gemm_cost,
+    gemm_s,
+    params_for,
+    soft_max,
+)
+
+H100 = get_hardware("h100-sxm")
+P = params_for("h100-sxm")
+F, B = H100.bf16_flops_per_s, H100.memory_bandwidth_bytes_per_s
+
+
+def test_soft_max_lies_between_max_and_sum() -> None:
+    a, b = np.array([1.0, 2.0, 0.0, 5.0]), np.array([3.0, 2.0, 0.0, 0.1])
+    s = soft_max(a, b, 3.0)
+    assert np.all(s >= np.maximum(a, b) - 1e-12) and np.all(s <= a + b + 1e-12)
+    assert soft_max(2.0, 0.0, 3.0) == 2.0 and soft_max(0.0, 0.0, 3.0) == 0.0
+    assert soft_max(1.0, 1.0, 1.0) == pytest.approx(2.0)
+    assert soft_max(1.0, 3.0, 200.0) == pytest.approx(3.0, rel=1e-3)
+
+
+def test_gemm_is_monotone_flat_then_linear() -> None:
+    rows = np.arange(1, 8193, dtype=float)
+    t = gemm_s(rows, 4096, 14336 * 2, F, B, P)
+    assert np.all(np.diff(t) > 0)
+    # memory-bound: 1 and 16 rows cost nearly the same; compute-bound: 4k -> 8k doubles
+    assert t[15] < 1.1 * t[0]
+    assert t[8191] / t[4095] == pytest.approx(2.0, rel=0.05)
+    # the transition is measured, not ideal: at the ideal crossover the GEMM is slower than max
+    ideal = 4096 * 28672 * 2 / (B * P.bandwidth_efficiency)
+    crossover = int(ideal * F * P.compute_efficiency / (2 * 4096 * 28672))
+    assert t[crossover] > 1.05 * ideal
+
+
+def test_prefill_is_compute_bound_and_decode_memory_bound() -> None:
+    roof = RooflineLatency(get_model("llama-3-8b"), H100)
+    prefill = roof.breakdown(StepShape((4096,), (0,)))
+    decode = roof.breakdown(StepShape(num_decodes=8, decode_context_sum=8000,
+                                      decode_context_max=1000, padded_batch=8))
+    assert prefill["compute_s"] > 2 * prefill["memory_s"]
+    assert decode["memory_s"] > 10 * decode["compute_s"]
+
+
+def test_decode_attention_is_bandwidth_bound_and_grows_with_kv() -> None:
+    dims = model_dims(get_model("llama-3-8b"), 1)
+    kv_bytes_per_token = 2 * dims.kv_dim * 2
+    flops_per_pair = 4 * dims.q_dim
+    times = [attention_s(64 * kv * flops_per_pair, 64 * kv * kv_bytes_per_token, F, B, P)
+             for kv in (1024, 4096, 16384)]
+    assert times[0] < times[1] < times[2]
+    big = 64 * 16384 * kv_bytes_per_token / (B * P.attention_bandwidth_efficiency)
+    assert times[2] == pytest.approx(big + P.attention_launch_s, rel=1e-3)
+
+
+def test_cpu_overhead_has_a_step_and_a_sequence_term() -> None:
+    assert cpu_overhead_s(0, P) == P.cpu_step_s
+    assert cpu_overhead_s(100, P) - cpu_overhead_s(50, P) == pytest.approx(50 * P.cpu_seq_s)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("bandwidth_efficiency", 1.2), ("compute_efficiency", 0.0), ("transition_sharpness", 0.5),
+    ("gemm_launch_s", -1e-6), ("cpu_seq_s", float("inf")),
+])
+def test_bad_constants_are_refused(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        dataclasses.replace(P, **{field: value})
+
+
+def test_every_catalogue_gpu_names_its_family_and_why() -> None:
+    for name in HARDWARE:
+        family, why = family_of(name)
+        assert family in FAMILIES and why
+    assert "no measured kernels" in family_of("h200")[1]
+    assert "fitted on measured" in family_of("a100-80gb")[1]
+    assert family_of("my-gpu")[0] == "hopper" and "custom" in family_of("my-gpu")[1]
+
+
+def test_the_simulators_float_path_is_the_law() -> None:
+    """GemmCost.seconds (plain floats, the hot path) equals the array law, both regimes."""
+    cost = gemm_cost(4096, 28672, F, B, P)
+    rows = np.array([0.0, 1.0, 37.0, 128.0, 500.0, 4096.0, 65536.0])
+    assert [cost.seconds(float(r)) for r in rows] == pytest.approx(list(cost(rows)), rel=1e-12)
+    assert cost.seconds(64.0) == pytest.approx(gemm_s(64.0, 4096, 28672, F, B, P), rel=1e-12)
