@@ -28,6 +28,7 @@ from gpu_engine.weights import build_model
 from sim.assemble import ReplicaParts, build_replica, kv_budget
 from sim.config.costs import weights_bytes
 from sim.config.scenario import Scenario
+from sim.config.specs import stored_as
 from sim.core.kv import KVBudget
 from sim.latency import LatencyModel
 
@@ -51,7 +52,7 @@ def check_fits(scenario: Scenario, num_blocks: int, device: torch.device,
     """Refuse, before allocating, a model or KV pool larger than this machine's memory."""
     spec = scenario.model_spec
     itemsize = torch.empty((), dtype=dtype).element_size()
-    weights = weights_bytes(spec, dtype_bytes=itemsize)
+    weights = weights_bytes(stored_as(spec, str(dtype).removeprefix("torch.")))
     kv = 2 * spec.num_layers * num_blocks * scenario.kv.block_size * spec.num_kv_heads * \
         spec.head_dim * itemsize
     need = weights + kv

@@ -412,7 +412,7 @@ def test_swap_cost_follows_the_scenario_gpu(table_dir: Path) -> None:
     scenario = small_scenario(table_dir.name)
     latency = build_latency(scenario, table_dir.parent)
     assert isinstance(latency, TableLatency)
-    expected = (kv_bytes_per_token(TINY, dtype_bytes=scenario.kv.dtype_bytes)
+    expected = (kv_bytes_per_token(TINY)
                 / scenario.hardware_spec.host_link_bandwidth_bytes_per_s)
     assert latency.swap_s_per_token == pytest.approx(expected)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +26,9 @@ from typing import Any
 import yaml
 
 from sim.config.capacity import capacity_report
-from sim.config.catalogue import get_hardware, get_model, model_from_fields
+from sim.config.catalogue import get_hardware, get_model, model_from_fields, spec_fields
+from sim.config.dtypes import DTYPE_NAMES, get_dtype
+from sim.config.hf_config import read_hf_config
 from sim.config.specs import ModelSpec, check_tp
 
 DEFAULT_MODEL = "llama-3-8b"
@@ -51,6 +52,23 @@ def _gpus(tp: int | None, gpu: str, heads: int) -> str:
     return f"--gpus {tp} ({tp} x {gpu}{node})"
 
 
+def _concurrency(r: dict[str, Any]) -> str:
+    if r["sliding_layers"] or r["linear_layers"]:
+        return (f"{_gib(r['kv_budget_bytes'])} / {_gib(r['kv_bytes_per_seq_blocks'])} per "
+                f"{r['context_tokens']:,}-token sequence (sliding layers: their window, in "
+                "whole blocks) = ")
+    return (f"{r['kv_budget_blocks']:,} blocks / {r['blocks_per_seq']:,} blocks per "
+            f"{r['context_tokens']:,}-token sequence = ")
+
+
+def _pool_note(r: dict[str, Any]) -> str:
+    """The simulator's pool holds fewer when sliding blocks are not freed."""
+    if r["pool_max_concurrency"] == r["max_concurrency"]:
+        return ""
+    return (f"; the simulator's pool, which does not yet free blocks leaving a sliding "
+            f"window, holds {r['pool_max_concurrency']:,}")
+
+
 def _verdict(r: dict[str, Any]) -> str:
     """Why nothing fits, by how much, and the smallest tensor-parallel group that does."""
     need = r["weights_bytes_per_gpu"] + r["activation_reserve_bytes"]
@@ -72,14 +90,46 @@ def _verdict(r: dict[str, Any]) -> str:
     return text
 
 
+def _dtype(r: dict[str, Any], which: str) -> str:
+    """e.g. 'fp8-block 1.0002 B' or 'bf16 2 B': a dtype with its stored bytes per element."""
+    size = {"weight": r["weight_bytes_per_param"], "expert": r["expert_bytes_per_param"],
+            "kv": r["kv_bytes_per_element"]}[which]
+    return f"{r[f'{which}_dtype']} {size:.4g} B"
+
+
+def _weights_dtypes(r: dict[str, Any]) -> str:
+    text = f"weights {_dtype(r, 'weight')}"
+    if r["is_moe"] and r["expert_dtype"] != r["weight_dtype"]:
+        text += f", experts {_dtype(r, 'expert')}"
+    return f"{text}, embeddings/norms {r['carrier_dtype']}"
+
+
+def _kv_formula(r: dict[str, Any]) -> str:
+    """KV per token by attention kind, the numbers plugged in."""
+    kv = _dtype(r, "kv")
+    layers = r["full_layers"] + r["sliding_layers"]
+    if r["attention"] == "mla":
+        per_layer = (f"({r['kv_lora_rank']} kv_lora_rank + {r['qk_rope_head_dim']} rope) x "
+                     f"{kv} (MLA latent, whole on every GPU)")
+    else:
+        per_layer = f"2 x {r['kv_heads_per_gpu']} kv_heads x {r['head_dim']} head_dim x {kv}"
+    text = f"{layers} layers x {per_layer} = {r['kv_bytes_per_token']:,.0f} B"
+    if r["sliding_layers"]:
+        text += (f" ({r['sliding_layers']} of them sliding: they keep at most "
+                 f"{r['sliding_window']:,} tokens)")
+    if r["linear_layers"]:
+        text += (f"; + {r['linear_layers']} linear/SSM layers' state "
+                 f"{_gib(r['linear_state_bytes_per_seq'])} per sequence")
+    return text
+
+
 def format_report(r: dict[str, Any]) -> str:
     """The report as aligned text: label, formula with numbers plugged in, result.
 
     When not even one sequence fits, the rows that assume a running server
     (concurrency, decode floor, crossover, the pool) give way to the verdict.
     """
-    ctx, batch, dtype = r["context_tokens"], r["batch_size"], r["dtype_bytes"]
-    heads = r["kv_heads_per_gpu"]
+    ctx, batch = r["context_tokens"], r["batch_size"]
     if r["batch_fits"]:
         fits = "fits"
     else:
@@ -106,18 +156,20 @@ def format_report(r: dict[str, Any]) -> str:
     else:
         budget += f"{_gib(r['memory_left_bytes'])}: no room for KV"
     rows = [
-        ("setup", f"{r['model']} on {r['tp']} x {r['gpu']}, {dtype:g}-byte weights and KV, "
-                  f"context {ctx:,} x batch {batch:,} (all figures per GPU)"),
+        ("setup", f"{r['model']} on {r['tp']} x {r['gpu']}, {_weights_dtypes(r)}, "
+                  f"KV {_dtype(r, 'kv')}, context {ctx:,} x batch {batch:,} (all figures "
+                  "per GPU)"),
         ("params", f"{r['total_params'] / 1e9:,.2f} B total, "
                    f"{r['active_params'] / 1e9:,.2f} B active per token"),
-        ("KV per token", f"2 x {r['num_layers']} layers x {heads} kv_heads x {r['head_dim']} "
-                         f"head_dim x {dtype:g} B = {r['kv_bytes_per_token']:,.0f} B"),
-        ("KV ctx x batch", f"{r['kv_bytes_per_token']:,.0f} B x {ctx:,} tokens x {batch:,} seqs "
+        ("KV per token", _kv_formula(r)),
+        ("KV ctx x batch", f"{_gib(r['kv_bytes_per_seq'])} per {ctx:,}-token sequence in "
+                           f"KV {r['kv_dtype']} x {batch:,} seqs "
                            f"= {_gib(r['kv_bytes_context_batch'])}"),
-        ("weights", f"{r['total_params'] / 1e9:,.2f} B params x {dtype:g} B / {r['tp']} GPU(s) "
-                    f"(norms replicated) = {_gib(r['weights_bytes_per_gpu'])}"),
-        ("activations", f"{r['max_num_batched_tokens']:,} batched tokens' layer buffers + "
-                        f"fp32 logits for {r['max_num_seqs']} seqs = "
+        ("weights", f"{r['total_params'] / 1e9:,.2f} B params in {_weights_dtypes(r)} "
+                    f"/ {r['tp']} GPU(s) (norms replicated) = "
+                    f"{_gib(r['weights_bytes_per_gpu'])}"),
+        ("activations", f"{r['max_num_batched_tokens']:,} batched tokens' layer buffers in "
+                        f"{r['carrier_dtype']} + fp32 logits for {r['max_num_seqs']} seqs = "
                         f"{_gib(r['activation_reserve_bytes'])}"),
         ("KV budget", budget),
     ]
@@ -125,11 +177,11 @@ def format_report(r: dict[str, Any]) -> str:
         rows.append(("fit", _verdict(r)))
     else:
         rows += [
-            ("max concurrency", f"{r['kv_budget_blocks']:,} blocks / {r['blocks_per_seq']:,} "
-                                f"blocks per {ctx:,}-token sequence = "
-                                f"{r['max_concurrency']:,} sequences (batch {batch:,} {fits})"),
-            ("decode floor", f"({_gib(r['decode_weights_read_bytes'])} weights + "
-                             f"{_gib(r['kv_bytes_context_batch'])} KV) / "
+            ("max concurrency", _concurrency(r) + f"{r['max_concurrency']:,} sequences "
+                                f"(batch {batch:,} {fits})" + _pool_note(r)),
+            ("decode floor", f"({_gib(r['decode_weights_read_bytes'])} weights "
+                             f"({r['weight_dtype']}) + {_gib(r['kv_bytes_context_batch'])} KV "
+                             f"({r['kv_dtype']})) / "
                              f"{r['memory_bandwidth_bytes_per_s'] / 1e12:,.2f} TB/s = "
                              f"{_ms(r['decode_step_floor_s'])} per step at batch {batch:,}"),
             ("crossover", crossover),
@@ -139,7 +191,7 @@ def format_report(r: dict[str, Any]) -> str:
             ("KV / weights", f"{_gib(r['kv_bytes_context_batch'])} / "
                              f"{_gib(r['weights_bytes_per_gpu'])} = "
                              f"{r['kv_to_weights_ratio']:,.2f}"),
-            ("  one sequence", f"{r['kv_bytes_per_token']:,.0f} B x {ctx:,} tokens = "
+            ("  one sequence", f"{ctx:,} tokens in KV {r['kv_dtype']} = "
                                f"{_gib(r['kv_bytes_per_seq'])} = "
                                f"{r['kv_seq_to_weights_ratio']:,.2f} x the weights"),
             ("  whole KV pool", f"{r['kv_budget_tokens']:,} tokens x "
@@ -191,21 +243,56 @@ def _parse_field(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
+_DEPRECATED_DTYPE_BYTES = {2.0: "bf16", 1.0: "fp8", 4.0: "fp32"}
+
+
+def _dtype_overrides(args: argparse.Namespace) -> dict[str, str]:
+    """--weight-dtype/--expert-dtype/--kv-dtype, and the deprecated --dtype-bytes (both)."""
+    fields = {}
+    if args.dtype_bytes is not None:
+        value = _number(float, "--dtype-bytes", args.dtype_bytes, "2, 1 or 4 (deprecated: "
+                        "use --weight-dtype and --kv-dtype, e.g. bf16, fp8, int4, mxfp4)",
+                        lambda v: v in _DEPRECATED_DTYPE_BYTES)
+        name = _DEPRECATED_DTYPE_BYTES[value]
+        print(f"servesim capacity: --dtype-bytes is deprecated and will be removed; use "
+              f"--weight-dtype {name} --kv-dtype {name}", file=sys.stderr)
+        fields = {"weight_dtype": name, "kv_dtype": name}
+    for flag, field in (("weight_dtype", "weight_dtype"), ("expert_dtype", "expert_dtype"),
+                        ("kv_dtype", "kv_dtype")):
+        value = getattr(args, flag)
+        if value is not None:
+            try:
+                get_dtype(value)
+            except ValueError as err:
+                raise ValueError(f"--{flag.replace('_', '-')}: {err}") from None
+            fields[field] = value
+    return fields
+
+
 def _load_model(args: argparse.Namespace) -> ModelSpec:
     fields: dict[str, Any] = {}
-    if args.model_file:
+    if args.config:
+        if args.model or args.model_file:
+            raise ValueError("--config: give one of --config, --model and --model-file")
+        loaded = read_hf_config(args.config)
+        for line in loaded.notes:
+            print(f"servesim capacity: note: {line}", file=sys.stderr)
+        fields = spec_fields(loaded.spec)
+    elif args.model_file:
         path = Path(args.model_file)
         try:
-            loaded = yaml.safe_load(path.read_text())
+            loaded_fields = yaml.safe_load(path.read_text())
         except (OSError, yaml.YAMLError) as err:
             raise ValueError(f"--model-file {str(path)!r}: cannot read: {err}") from None
-        if not isinstance(loaded, dict):
+        if not isinstance(loaded_fields, dict):
             raise ValueError(f"--model-file {str(path)!r}: must hold a mapping of model fields")
-        fields.update(loaded)
+        fields.update(loaded_fields)
     fields.update(_parse_field(text) for text in args.model_fields)
+    fields.update(_dtype_overrides(args))
     if not fields:
         return get_model(args.model or DEFAULT_MODEL)
-    fields.setdefault("base", args.model or DEFAULT_MODEL)  # what --help promises
+    if not args.config:
+        fields.setdefault("base", args.model or DEFAULT_MODEL)  # what --help promises
     return model_from_fields(fields)
 
 
@@ -227,9 +314,6 @@ def run(args: argparse.Namespace) -> int:
             batch_size=_positive_int("--batch", args.batch),
             memory_utilization=_number(float, "--memory-utilization", args.memory_utilization,
                                        "a fraction in (0, 1]", lambda v: 0 < v <= 1),
-            dtype_bytes=_number(float, "--dtype-bytes", args.dtype_bytes,
-                                "a positive number of bytes (2 = bf16, 1 = fp8)",
-                                lambda v: 0 < v < math.inf),
             block_size=_positive_int("--block-size", args.block_size),
         )
     except ValueError as err:
@@ -258,7 +342,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", default="32", help="concurrent sequences (default 32)")
     p.add_argument("--memory-utilization", default="0.9",
                    help="fraction of GPU memory the server may use (default 0.9)")
-    p.add_argument("--dtype-bytes", default="2", help="bytes per weight/KV value (default 2)")
+    p.add_argument("--config", help="a Hugging Face config.json, or the folder holding it "
+                   "(its quantization_config sets the weight dtype)")
+    p.add_argument("--weight-dtype", help=f"matmul weights' dtype (default: the model's, "
+                   f"bf16); one of {', '.join(DTYPE_NAMES)}")
+    p.add_argument("--expert-dtype", help="routed experts' dtype (default: --weight-dtype)")
+    p.add_argument("--kv-dtype", help="KV cache dtype (default bf16; fp8 halves it)")
+    p.add_argument("--dtype-bytes", help="deprecated: use --weight-dtype and --kv-dtype")
     p.add_argument("--block-size", default="16", help="KV block size in tokens (default 16)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)

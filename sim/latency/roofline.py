@@ -5,6 +5,12 @@ calibration table exists. Prefill turns out compute-bound and decode
 memory-bound because of the shapes, not because of any special case: a step
 reads the weights once however many tokens it computes.
 
+Bytes are the bytes stored: each part of the weights in its own dtype (scales
+included), the KV cache in kv_dtype, activations in bf16. Matmul FLOPs run at the
+weight dtype's tensor-core rate where the GPU has one (fp8 weights on an H100 at twice
+bf16's rate; weight-only int4 at bf16's); attention and lm_head at bf16's. A
+sliding-window layer attends to and reads at most its window per sequence.
+
 Swap preemption's KV transfers (StepShape.swap_*_tokens) go over the host link
 and are added to the step that carries them: kernels wait for swapped-in KV,
 and a swap-out must finish before its blocks are overwritten.
@@ -22,16 +28,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sim.config.attention import attended_tokens
 from sim.config.costs import (
+    activation_elements_per_token,
     allreduce_time_s,
     attention_flops_per_pair,
     expert_weight_bytes,
     kv_bytes_per_token,
+    linear_compute_s_per_token,
     linear_flops_per_token,
     lm_head_flops_per_seq,
     weights_read_bytes,
 )
-from sim.config.specs import HardwareSpec, ModelSpec, check_tp, kv_heads_per_gpu
+from sim.config.specs import HardwareSpec, ModelSpec, check_tp
 from sim.core.plan import StepShape
 
 # Per step: scheduler, input prep, sampling and launch gaps of a vLLM-class engine
@@ -57,7 +66,6 @@ class RooflineLatency:
     model: ModelSpec
     hardware: HardwareSpec
     tp: int = 1
-    dtype_bytes: float = 2
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
     bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
@@ -78,10 +86,8 @@ class RooflineLatency:
     _allreduce_fixed_s: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        m, tp, dtype = self.model, self.tp, self.dtype_bytes
+        m, tp, hw = self.model, self.tp, self.hardware
         check_tp(m, tp)
-        if not dtype > 0:
-            raise ValueError(f"dtype_bytes must be positive, got {dtype!r}")
         if not self.step_overhead_s >= 0:
             raise ValueError(f"step_overhead_s must be >= 0, got {self.step_overhead_s!r}")
         if not self.allreduce_latency_s >= 0:
@@ -89,19 +95,23 @@ class RooflineLatency:
                              f"got {self.allreduce_latency_s!r}")
         _check_fraction("compute_efficiency", self.compute_efficiency)
         _check_fraction("bandwidth_efficiency", self.bandwidth_efficiency)
-        expert = expert_weight_bytes(m, dtype, tp) if m.is_moe else 0.0
-        dense = weights_read_bytes(m, 1, dtype, tp) - m.experts_per_token * expert
-        h = m.hidden_size
-        q_kv = (m.num_heads / tp + 2 * kv_heads_per_gpu(m, tp)) * m.head_dim
-        mlp = 3 * m.intermediate_size * m.experts_per_token / tp
+        expert = expert_weight_bytes(m, tp) if m.is_moe else 0.0
+        dense = weights_read_bytes(m, 1, tp) - m.experts_per_token * expert
+        h, act_bytes = m.hidden_size, m.carrier.bytes_per_element
         multi_gpu = tp > 1
+        linear_flops = linear_flops_per_token(m, tp)
+        # matmuls in fp8/int8/fp4 run at those rates: priced as bf16-equivalent FLOPs
+        if any(hw.flops_per_s(kind) != hw.bf16_flops_per_s
+               for kind in (m.weights.compute, m.experts.compute)):
+            linear_flops = linear_compute_s_per_token(m, hw, tp) * hw.bf16_flops_per_s
         values = {
-            "_linear_flops_per_token": linear_flops_per_token(m, tp),
+            "_linear_flops_per_token": linear_flops,
             "_lm_head_flops_per_seq": lm_head_flops_per_seq(m, tp),
             "_attn_flops_per_pair": attention_flops_per_pair(m, tp),
-            "_kv_bytes_per_token": kv_bytes_per_token(m, dtype, tp),
+            "_kv_bytes_per_token": kv_bytes_per_token(m, tp),
             # Each layer writes and rereads a few hidden- and intermediate-sized tensors.
-            "_act_bytes_per_token": m.num_layers * (4 * h + q_kv + mlp) * dtype,
+            "_act_bytes_per_token": (m.num_layers * activation_elements_per_token(m, tp)
+                                     * act_bytes),
             "_dense_weight_bytes": dense,
             "_expert_bytes": expert,
             "_flops_per_s": self.hardware.bf16_flops_per_s * self.compute_efficiency,
@@ -109,7 +119,8 @@ class RooflineLatency:
                              * self.bandwidth_efficiency),
             "_host_link_bytes_per_s": self.hardware.host_link_bandwidth_bytes_per_s,
             # Two all-reduces per layer (after attention and after the MLP).
-            "_allreduce_bytes_per_token": 2 * m.num_layers * h * dtype if multi_gpu else 0.0,
+            "_allreduce_bytes_per_token": (2 * m.num_layers * h * act_bytes if multi_gpu
+                                           else 0.0),
             "_allreduce_fixed_s": (2 * m.num_layers * self.allreduce_latency_s
                                    if multi_gpu else 0.0),
         }
@@ -120,14 +131,18 @@ class RooflineLatency:
         """FLOPs, HBM bytes and token rows of one step."""
         prefill_tokens = 0
         pairs = 0.0  # query-key pairs attended, summed over the step
-        kv_read_tokens = shape.decode_context_sum
+        model = self.model
+        decodes = shape.num_decodes
+        # sliding-window layers attend to (and read) at most their window per sequence
+        decode_context = attended_tokens(model, shape.decode_context_sum, decodes)
+        kv_read_tokens = decode_context
         for chunk, context in zip(shape.prefill_chunk_tokens, shape.prefill_context_tokens,
                                   strict=True):
             prefill_tokens += chunk
-            pairs += chunk * context + chunk * (chunk + 1) * 0.5  # causal within the chunk
-            kv_read_tokens += context
-        decodes = shape.num_decodes
-        pairs += shape.decode_context_sum + decodes  # each decode also attends to itself
+            seen = attended_tokens(model, context, 1)
+            pairs += chunk * seen + chunk * (chunk + 1) * 0.5  # causal within the chunk
+            kv_read_tokens += seen
+        pairs += decode_context + decodes  # each decode also attends to itself
         seqs = len(shape.prefill_chunk_tokens) + decodes
         padding = max(0, shape.padded_batch - seqs)  # padded slots cost matmuls, not attention
         drafts = shape.num_spec_tokens
@@ -139,7 +154,6 @@ class RooflineLatency:
             return 0.0, 0.0, 0
         flops = (rows * self._linear_flops_per_token + (seqs + padding + drafts)
                  * self._lm_head_flops_per_seq + pairs * self._attn_flops_per_pair)
-        model = self.model
         touched = min(model.num_experts, rows * model.experts_per_token)
         num_bytes = (self._dense_weight_bytes + touched * self._expert_bytes
                      + (kv_read_tokens + prefill_tokens + decodes + drafts)
