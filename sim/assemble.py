@@ -48,7 +48,8 @@ def kv_budget(scenario: Scenario) -> KVBudget:
     return KVBudget(
         memory_bytes=scenario.hardware_spec.memory_bytes,
         memory_utilization=scenario.hardware.memory_utilization,
-        weights_bytes=weights_bytes(model, tp=tp) + draft_weights,
+        weights_bytes=weights_bytes(model, tp=tp, ep=scenario.hardware.expert_parallel)
+        + draft_weights,
         activation_reserve_bytes=(
             activation_reserve_bytes(model, cfg.max_num_batched_tokens, cfg.max_num_seqs, tp=tp)
             + state_reserve_bytes(model, cfg.max_num_seqs, tp)),
@@ -143,4 +144,4 @@ def build_latency(scenario: Scenario, base_dir: Path | None = None) -> LatencyMo
     if cfg.bandwidth_efficiency is not None:
         options["bandwidth_efficiency"] = cfg.bandwidth_efficiency
     return RooflineLatency(scenario.model_spec, scenario.hardware_spec, tp=scenario.hardware.count,
-                           **options)
+                           ep=scenario.hardware.expert_parallel, **options)

@@ -29,7 +29,7 @@ from sim.config.capacity import capacity_report
 from sim.config.catalogue import get_hardware, get_model, model_from_fields, spec_fields
 from sim.config.dtypes import DTYPE_NAMES, get_dtype
 from sim.config.hf_config import read_hf_config
-from sim.config.specs import ModelSpec, check_tp
+from sim.config.specs import ModelSpec, check_ep, check_tp
 
 DEFAULT_MODEL = "llama-3-8b"
 _GIB = 1024**3
@@ -50,6 +50,20 @@ def _gpus(tp: int | None, gpu: str, heads: int) -> str:
         return f"no tensor-parallel group of up to {heads} x {gpu} fits"
     node = f", more than one {GPUS_PER_NODE}-GPU node" if tp > GPUS_PER_NODE else ""
     return f"--gpus {tp} ({tp} x {gpu}{node})"
+
+
+def _moe_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """MoE: weights per GPU under TP and under EP, and the experts a decode step reads."""
+    if not r["is_moe"]:
+        return []
+    text = f"TP slices every expert: {_gib(r['weights_bytes_per_gpu_tp'])} per GPU"
+    if r["weights_bytes_per_gpu_ep"] is not None:
+        text += (f"; EP {r['tp']} ({r['num_experts'] // r['tp']} whole experts per GPU): "
+                 f"{_gib(r['weights_bytes_per_gpu_ep'])} per GPU")
+    touched = (f"{r['decode_experts_touched']:,.1f} of {r['num_experts']} experts per MoE layer "
+               f"on the busiest GPU at batch {r['batch_size']:,} (E(1-(1-k/E)^B), k = "
+               f"{r['experts_per_token']}{', ep ' + str(r['ep']) if r['ep'] > 1 else ''})")
+    return [("  TP vs EP", text), ("  experts read", touched)]
 
 
 def _concurrency(r: dict[str, Any]) -> str:
@@ -168,6 +182,7 @@ def format_report(r: dict[str, Any]) -> str:
         ("weights", f"{r['total_params'] / 1e9:,.2f} B params in {_weights_dtypes(r)} "
                     f"/ {r['tp']} GPU(s) (norms replicated) = "
                     f"{_gib(r['weights_bytes_per_gpu'])}"),
+        *_moe_rows(r),
         ("activations", f"{r['max_num_batched_tokens']:,} batched tokens' layer buffers in "
                         f"{r['carrier_dtype']} + fp32 logits for {r['max_num_seqs']} seqs = "
                         f"{_gib(r['activation_reserve_bytes'])}"),
@@ -303,10 +318,15 @@ def run(args: argparse.Namespace) -> int:
         model = _load_model(args)
         hw = get_hardware(args.gpu)
         tp = _positive_int("--gpus", args.gpus)
+        ep = _positive_int("--ep", args.ep)
         try:
             check_tp(model, tp)
         except ValueError as err:
             raise ValueError(f"--gpus {tp}: {err}") from None
+        try:
+            check_ep(model, tp, ep)
+        except ValueError as err:
+            raise ValueError(f"--ep {ep}: {err}") from None
         report = capacity_report(
             model, hw,
             tp=tp,
@@ -315,6 +335,7 @@ def run(args: argparse.Namespace) -> int:
             memory_utilization=_number(float, "--memory-utilization", args.memory_utilization,
                                        "a fraction in (0, 1]", lambda v: 0 < v <= 1),
             block_size=_positive_int("--block-size", args.block_size),
+            ep=ep,
         )
     except ValueError as err:
         print(f"servesim capacity: error: {err}", file=sys.stderr)
@@ -337,6 +358,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    metavar="KEY=VALUE", help="a ModelSpec field, e.g. num_layers=40 (repeatable)")
     p.add_argument("--gpu", default="h100-sxm", help="catalogue GPU (default h100-sxm)")
     p.add_argument("--gpus", default="1", help="tensor-parallel GPU count (default 1)")
+    p.add_argument("--ep", default="1", help="MoE: expert-parallel GPUs of the --gpus group, "
+                   "each holding num_experts / ep whole experts (default 1: experts sliced "
+                   "by tensor parallelism)")
     p.add_argument("--context", default="8192",
                    help="tokens per sequence, or e.g. 128k = 131072 (default 8192)")
     p.add_argument("--batch", default="32", help="concurrent sequences (default 32)")

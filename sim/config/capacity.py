@@ -19,6 +19,7 @@ from sim.config.costs import (
     activation_reserve_bytes,
     decode_compute_s_per_seq,
     decode_step_floor_s,
+    experts_touched,
     kv_budget_bytes,
     kv_bytes_per_sequence,
     kv_bytes_per_token,
@@ -30,7 +31,7 @@ from sim.config.costs import (
     weights_bytes,
     weights_read_bytes,
 )
-from sim.config.specs import HardwareSpec, ModelSpec, check_tp, kv_heads_per_gpu
+from sim.config.specs import HardwareSpec, ModelSpec, check_ep, check_tp, kv_heads_per_gpu
 
 
 def smallest_fitting_tp(model: ModelSpec, hw: HardwareSpec, sequences: int,
@@ -60,7 +61,7 @@ def capacity_report(model: ModelSpec, hw: HardwareSpec, tp: int = 1, context_tok
                     batch_size: int = 32, memory_utilization: float = 0.9,
                     block_size: int = 16,
                     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> dict[str, Any]:
+                    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, ep: int = 1) -> dict[str, Any]:
     """Every capacity term for `model` on `tp` x `hw`, per GPU, in bytes, seconds and counts.
 
     The activation reserve includes the linear/SSM layers' state for max_num_seqs
@@ -68,24 +69,25 @@ def capacity_report(model: ModelSpec, hw: HardwareSpec, tp: int = 1, context_tok
     """
     kv_token = kv_bytes_per_token(model, tp)
     kv_seq = kv_bytes_per_sequence(model, context_tokens, tp)
-    weights = weights_bytes(model, tp)
+    check_ep(model, tp, ep)
+    weights = weights_bytes(model, tp, ep)
     activations = (activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs, tp)
                    + state_reserve_bytes(model, max_num_seqs, tp))
     kv_batch = kv_seq * batch_size
     blocks_per_seq = -(-context_tokens // block_size)
-    kv_tokens = max_kv_tokens(model, hw, tp, memory_utilization, activations, block_size)
+    kv_tokens = max_kv_tokens(model, hw, tp, memory_utilization, activations, block_size, ep)
     concurrency = max_concurrency(model, hw, context_tokens, tp, memory_utilization, block_size,
-                                  activations)
-    crossover = memory_bound_crossover_batch(model, hw, context_tokens, tp)
+                                  activations, ep)
+    crossover = memory_bound_crossover_batch(model, hw, context_tokens, tp, ep)
     # the textbook figure: the weights-only view, where attention's KV reads are ignored
-    crossover_linear = memory_bound_crossover_batch(model, hw, 0, tp)
+    crossover_linear = memory_bound_crossover_batch(model, hw, 0, tp, ep)
     bw = hw.memory_bandwidth_bytes_per_s
     usable = hw.memory_bytes * memory_utilization
     sizing = {"context_tokens": context_tokens, "memory_utilization": memory_utilization,
               "block_size": block_size,
               "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs}
     counts = layer_counts(model)
-    budget = kv_budget_bytes(model, hw, tp, memory_utilization, activations)
+    budget = kv_budget_bytes(model, hw, tp, memory_utilization, activations, ep)
     pool_seq = kv_token * blocks_per_seq * block_size + linear_state_bytes(model, tp)
     return {
         "model": model.name, "gpu": hw.name, "tp": tp, "context_tokens": context_tokens,
@@ -110,6 +112,11 @@ def capacity_report(model: ModelSpec, hw: HardwareSpec, tp: int = 1, context_tok
         "kv_bytes_per_token": kv_token,
         "kv_bytes_context_batch": kv_batch,
         "weights_bytes_per_gpu": weights,
+        "ep": ep,
+        # MoE: the same GPUs holding a 1/tp slice of every expert, or tp whole experts each
+        "weights_bytes_per_gpu_tp": weights_bytes(model, tp),
+        "weights_bytes_per_gpu_ep": (weights_bytes(model, tp, tp) if model.is_moe
+                                     and not model.num_experts % tp else None),
         "gpu_memory_bytes": hw.memory_bytes,
         "usable_memory_bytes": usable,
         "activation_reserve_bytes": activations,
@@ -128,9 +135,11 @@ def capacity_report(model: ModelSpec, hw: HardwareSpec, tp: int = 1, context_tok
         # the simulator's pool: every token in every sliding layer (no blocks freed yet)
         "pool_max_concurrency": int(budget // pool_seq),
         "batch_fits": batch_size <= concurrency,
-        "decode_weights_read_bytes": weights_read_bytes(model, batch_size, tp),
+        "decode_weights_read_bytes": weights_read_bytes(model, batch_size, tp, ep),
+        "decode_experts_touched": experts_touched(model, batch_size, ep),
         "memory_bandwidth_bytes_per_s": bw,
-        "decode_step_floor_s": decode_step_floor_s(model, hw, batch_size, context_tokens, tp),
+        "decode_step_floor_s": decode_step_floor_s(model, hw, batch_size, context_tokens, tp,
+                                                   ep),
         "decode_compute_per_seq_s": decode_compute_s_per_seq(model, hw, context_tokens, tp),
         "decode_kv_read_per_seq_s": kv_seq / bw,
         "crossover_batch": None if math.isinf(crossover) else crossover,

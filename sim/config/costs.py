@@ -17,9 +17,11 @@ from sim.config.attention import (
     layer_counts,
     linear_state_bytes,
 )
+from sim.config.moe import experts_touched_per_gpu
 from sim.config.specs import (
     HardwareSpec,
     ModelSpec,
+    check_ep,
     check_positive_int,
     check_tp,
     expert_params,
@@ -40,19 +42,26 @@ def _stored_bytes(model: ModelSpec, params: dict[str, float]) -> float:
     return sum(count * sizes[part] for part, count in params.items())
 
 
-def weights_bytes(model: ModelSpec, tp: int = 1) -> float:
-    """Resident weights on one GPU (all experts, shards plus replicated norms), each part
-    in the dtype it is stored in, scales included."""
+def weights_bytes(model: ModelSpec, tp: int = 1, ep: int = 1) -> float:
+    """Resident weights on one GPU (all its experts, shards plus replicated norms), each
+    part in the dtype it is stored in, scales included; under expert parallelism each
+    GPU holds num_experts / ep whole experts."""
     check_tp(model, tp)
-    return _stored_bytes(model, params_by_part(model, tp, model.num_experts))
+    check_ep(model, tp, ep)
+    return _stored_bytes(model, params_by_part(model, tp, model.num_experts / ep, ep))
 
 
-def experts_touched(model: ModelSpec, num_tokens: int) -> float:
-    """Experts a step reads: min(E, tokens x k), i.e. assumes routing spreads tokens out."""
-    return min(model.num_experts, max(num_tokens, 0) * model.experts_per_token)
+def experts_touched(model: ModelSpec, num_tokens: float, ep: int = 1) -> float:
+    """Distinct experts per MoE layer a step of `num_tokens` reads on its busiest GPU:
+    E (1 - (1 - k/E)^tokens) under uniform routing, fewer under routing_skew
+    (sim.config.moe); a 1/ep share of them under expert parallelism."""
+    if not model.is_moe:
+        return 1.0
+    return experts_touched_per_gpu(model.num_experts, model.experts_per_token,
+                                   max(num_tokens, 0), ep, model.routing_skew)
 
 
-def weights_read_bytes(model: ModelSpec, num_tokens: int, tp: int = 1) -> float:
+def weights_read_bytes(model: ModelSpec, num_tokens: float, tp: int = 1, ep: int = 1) -> float:
     """Weight bytes one forward step streams from HBM on one GPU.
 
     Only the experts the step's tokens touch are read, and the embedding table
@@ -60,16 +69,16 @@ def weights_read_bytes(model: ModelSpec, num_tokens: int, tp: int = 1) -> float:
     not at all otherwise.
     """
     check_tp(model, tp)
-    params = params_by_part(model, tp, experts_touched(model, max(num_tokens, 1)))
+    params = params_by_part(model, tp, experts_touched(model, max(num_tokens, 1), ep), ep)
     params["vocab"] = model.vocab_size * model.hidden_size / tp
     return _stored_bytes(model, params)
 
 
-def expert_weight_bytes(model: ModelSpec, tp: int = 1) -> float:
-    """One routed expert's MLP across its layers on one GPU, in expert_dtype (the dense MLP
-    across all layers when not MoE)."""
+def expert_weight_bytes(model: ModelSpec, tp: int = 1, ep: int = 1) -> float:
+    """One routed expert's MLP across its layers on one GPU, in expert_dtype (whole under
+    expert parallelism; the dense MLP across all layers when not MoE)."""
     layers = model.moe_layers if model.is_moe else model.num_layers
-    mlp = expert_params(model, tp) if model.is_moe else \
+    mlp = expert_params(model, 1 if ep > 1 else tp) if model.is_moe else \
         3 * model.hidden_size * model.intermediate_size / tp
     return layers * mlp * model.experts.bytes_per_element
 
@@ -144,13 +153,14 @@ def activation_elements_per_token(model: ModelSpec, tp: int = 1) -> float:
 
 def kv_budget_bytes(model: ModelSpec, hw: HardwareSpec, tp: int = 1,
                     memory_utilization: float = 0.9,
-                    activation_reserve: float | None = None) -> float:
+                    activation_reserve: float | None = None, ep: int = 1) -> float:
     """GPU memory x utilisation - weights - activation reserve (never negative)."""
     if not 0 < memory_utilization <= 1:
         raise ValueError(f"memory_utilization must be in (0, 1], got {memory_utilization!r}")
     if activation_reserve is None:
         activation_reserve = activation_reserve_bytes(model, tp=tp)
-    free = hw.memory_bytes * memory_utilization - weights_bytes(model, tp) - activation_reserve
+    free = (hw.memory_bytes * memory_utilization - weights_bytes(model, tp, ep)
+            - activation_reserve)
     return max(0.0, free)
 
 
@@ -162,33 +172,33 @@ def state_reserve_bytes(model: ModelSpec, max_num_seqs: int = DEFAULT_MAX_NUM_SE
 
 
 def _num_blocks(model: ModelSpec, hw: HardwareSpec, tp: int, memory_utilization: float,
-                activation_reserve: float | None, block_size: int) -> int:
+                activation_reserve: float | None, block_size: int, ep: int = 1) -> int:
     check_positive_int("block_size", block_size)
     if activation_reserve is None:
         activation_reserve = activation_reserve_bytes(model, tp=tp)
-    kv_budget_bytes(model, hw, tp, memory_utilization, activation_reserve)  # checks
-    return num_kv_blocks(hw.memory_bytes, memory_utilization, weights_bytes(model, tp),
+    kv_budget_bytes(model, hw, tp, memory_utilization, activation_reserve, ep)  # checks
+    return num_kv_blocks(hw.memory_bytes, memory_utilization, weights_bytes(model, tp, ep),
                          activation_reserve, kv_bytes_per_token(model, tp), block_size)
 
 
 def max_kv_tokens(model: ModelSpec, hw: HardwareSpec, tp: int = 1,
                   memory_utilization: float = 0.9, activation_reserve: float | None = None,
-                  block_size: int = 16) -> int:
+                  block_size: int = 16, ep: int = 1) -> int:
     """Tokens of KV the budget holds at kv_bytes_per_token, rounded down to whole blocks."""
     return _num_blocks(model, hw, tp, memory_utilization, activation_reserve,
-                       block_size) * block_size
+                       block_size, ep) * block_size
 
 
 def max_concurrency(model: ModelSpec, hw: HardwareSpec, context_tokens: int, tp: int = 1,
                     memory_utilization: float = 0.9, block_size: int = 16,
-                    activation_reserve: float | None = None) -> int:
+                    activation_reserve: float | None = None, ep: int = 1) -> int:
     """Sequences of `context_tokens` each that fit at once, each owning whole blocks per
     layer group: full layers the whole context, sliding layers their window, linear layers
     their state (kv_bytes_per_sequence). For full attention this is blocks // blocks per
     sequence."""
     check_positive_int("context_tokens", context_tokens)
     check_positive_int("block_size", block_size)
-    free = kv_budget_bytes(model, hw, tp, memory_utilization, activation_reserve)
+    free = kv_budget_bytes(model, hw, tp, memory_utilization, activation_reserve, ep)
     return int(free // kv_bytes_per_sequence(model, context_tokens, tp, block_size))
 
 
@@ -215,23 +225,24 @@ def decode_compute_s_per_seq(model: ModelSpec, hw: HardwareSpec, context_tokens:
     return linear_compute_s_per_token(model, hw, tp) + other / hw.bf16_flops_per_s
 
 
-def decode_step_floor_s(model: ModelSpec, hw: HardwareSpec, batch_size: int,
-                        context_tokens: int, tp: int = 1) -> float:
+def decode_step_floor_s(model: ModelSpec, hw: HardwareSpec, batch_size: float,
+                        context_tokens: int, tp: int = 1, ep: int = 1) -> float:
     """HBM floor of one decode step: weights once plus every sequence's KV."""
-    read = (weights_read_bytes(model, batch_size, tp)
+    read = (weights_read_bytes(model, batch_size, tp, ep)
             + batch_size * kv_bytes_per_sequence(model, context_tokens, tp))
     return read / hw.memory_bandwidth_bytes_per_s
 
 
 def memory_bound_crossover_batch(model: ModelSpec, hw: HardwareSpec, context_tokens: int,
-                                 tp: int = 1) -> float:
+                                 tp: int = 1, ep: int = 1) -> float:
     """Decode batch at which compute time equals HBM time (same formulas as the floor).
 
-    Per sequence, a decode adds flops_per_token of compute and its KV of
-    traffic; weights are shared. If each added sequence costs more HBM time
-    than compute time (GQA attention at long context), the batch never turns
-    compute-bound and this returns inf. Memory capacity is not applied here:
-    compare with max_concurrency to see whether the crossover is reachable.
+    Per sequence, a decode adds its compute and its KV of traffic; weights are shared,
+    and a MoE batch also pulls in more distinct experts as it grows (concavely, see
+    sim.config.moe). If each added sequence costs more HBM time than compute time (GQA
+    attention at long context), the batch never turns compute-bound and this returns
+    inf. Memory capacity is not applied here: compare with max_concurrency to see whether
+    the crossover is reachable.
     """
     per_seq_compute_s = decode_compute_s_per_seq(model, hw, context_tokens, tp)
     per_seq_kv_s = (kv_bytes_per_sequence(model, context_tokens, tp)
@@ -240,13 +251,19 @@ def memory_bound_crossover_batch(model: ModelSpec, hw: HardwareSpec, context_tok
     if slope_s <= 0:
         return math.inf
     bw = hw.memory_bandwidth_bytes_per_s
-    if model.is_moe:  # while batch x k < E, each sequence also pulls in k more experts
-        expert_s = expert_weight_bytes(model, tp) / bw
-        one_token_s = weights_read_bytes(model, 1, tp) / bw
-        shared_s = one_token_s - model.experts_per_token * expert_s
-        growing_slope_s = slope_s - model.experts_per_token * expert_s
-        if growing_slope_s > 0:
-            batch = shared_s / growing_slope_s
-            if batch * model.experts_per_token < model.num_experts:
-                return batch
-    return weights_read_bytes(model, 10**9, tp) / bw / slope_s
+    if not model.is_moe:
+        return weights_read_bytes(model, 1, tp) / bw / slope_s
+
+    def surplus_s(batch: float) -> float:  # convex: compute minus HBM time
+        return batch * per_seq_compute_s - decode_step_floor_s(model, hw, batch,
+                                                               context_tokens, tp, ep)
+
+    low, high = 1e-9, 1.0
+    while surplus_s(high) < 0:
+        high *= 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if surplus_s(mid) < 0 else (low, mid)
+        if high - low <= 1e-12 * high:
+            break
+    return high

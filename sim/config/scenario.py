@@ -27,7 +27,7 @@ from sim.config.sections import (
     resolve_hardware,
     resolve_model,
 )
-from sim.config.specs import HardwareSpec, ModelSpec, check_tp
+from sim.config.specs import HardwareSpec, ModelSpec, check_ep, check_tp
 from sim.config.speculative import SpeculativeConfig
 from sim.config.workload import WorkloadConfig
 from sim.core.schedulers import POLICIES
@@ -127,6 +127,14 @@ class Scenario(StrictModel):
             raise ValueError(f"kv.block_size: {self.kv.block_size} tokens per block exceeds the "
                              f"longest sequence, {longest} tokens (scheduler.max_model_len or "
                              f"{model.name}'s context); use at most that (16 is usual)")
+        return self
+
+    @model_validator(mode="after")
+    def _expert_parallel_suits_model(self) -> Scenario:
+        try:
+            check_ep(self.model_spec, self.hardware.count, self.hardware.expert_parallel)
+        except ValueError as err:
+            raise ValueError(f"hardware.expert_parallel: {err}") from None
         return self
 
     @model_validator(mode="after")

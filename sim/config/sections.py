@@ -41,6 +41,10 @@ class HardwareConfig(StrictModel):
         "h100-sxm", description="catalogue name (`servesim capacity --help` lists them), or a "
         "mapping of HardwareSpec fields, e.g. {base: h100-sxm, memory_gib: 94}")
     count: int = Field(1, ge=1, description="GPUs per replica, used for tensor parallelism")
+    expert_parallel: int = Field(
+        1, ge=1, description="MoE only: GPUs of the replica that share out whole experts "
+        "(num_experts / expert_parallel each) instead of a 1/count slice of every expert; "
+        "must divide count and num_experts; adds an all-to-all per MoE layer")
     memory_utilization: float = Field(
         0.9, gt=0.0, le=1.0, description="share of GPU memory the server may use "
         "(vLLM's gpu_memory_utilization)")

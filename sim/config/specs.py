@@ -75,6 +75,7 @@ class ModelSpec:
     layer_types: tuple[str, ...] = ()  # one of LAYER_KINDS per layer; () = all full
     linear_state_elements: int = 0  # per linear layer and sequence, whole model
     qk_norm: bool = False  # Qwen3 / Gemma-3: RMSNorm on q and k per head
+    routing_skew: float = 0.0  # Zipf exponent of expert popularity (0 = uniform routing)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -104,6 +105,8 @@ class ModelSpec:
                       "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
                       "v_head_dim", "sliding_window", "linear_state_elements"):
             check_non_negative_int(field, getattr(self, field))
+        if not (isinstance(self.routing_skew, int | float) and 0 <= self.routing_skew < 100):
+            raise ValueError(f"routing_skew must be in [0, 100), got {self.routing_skew!r}")
         if self.first_dense_layers > self.num_layers:
             raise ValueError(f"first_dense_layers={self.first_dense_layers} must be at most "
                              f"num_layers={self.num_layers}")
@@ -267,11 +270,12 @@ def expert_params(model: ModelSpec, tp: int) -> float:
     return 3 * model.hidden_size * model.expert_intermediate_size / tp
 
 
-def params_by_part(model: ModelSpec, tp: int, experts: float) -> dict[str, float]:
+def params_by_part(model: ModelSpec, tp: int, experts: float, ep: int = 1) -> dict[str, float]:
     """Parameters on one GPU by how they are stored, with `experts` routed experts per MoE
     layer resident or read: "weights" (attention, dense MLPs, shared experts) in
     weight_dtype, "experts" in expert_dtype, "carrier" (norms, routers, the final norm) in
-    bf16, "vocab" (embedding and untied lm_head) in bf16 too."""
+    bf16, "vocab" (embedding and untied lm_head) in bf16 too. Under expert parallelism
+    (ep > 1) a GPU's `experts` are whole; under tp each is a 1/tp slice."""
     h, moe = model.hidden_size, model.moe_layers
     dense = model.num_layers - moe
     weights = (model.num_layers * attention_params(model, tp)
@@ -279,7 +283,7 @@ def params_by_part(model: ModelSpec, tp: int, experts: float) -> dict[str, float
                + moe * model.num_shared_experts * expert_params(model, tp))
     return {
         "weights": weights,
-        "experts": moe * experts * expert_params(model, tp),
+        "experts": moe * experts * expert_params(model, 1 if ep > 1 else tp),
         "carrier": model.num_layers * 2 * h + moe * h * model.num_experts + h,
         "vocab": vocab_params(model, tp),
     }
@@ -306,6 +310,19 @@ def check_tp(model: ModelSpec, tp: int) -> None:
     if model.attention == "gqa" and model.num_kv_heads % tp and tp % model.num_kv_heads:
         raise ValueError(f"tp={tp} must divide or be a multiple of "
                          f"num_kv_heads={model.num_kv_heads} of {model.name}")
+
+
+def check_ep(model: ModelSpec, tp: int, ep: int) -> None:
+    """Raise unless `ep` GPUs of the tp group can each hold num_experts / ep whole experts."""
+    check_positive_int("ep", ep)
+    if ep == 1:
+        return
+    if not model.is_moe:
+        raise ValueError(f"ep={ep}: expert parallelism needs a mixture-of-experts model, and "
+                         f"{model.name} is dense")
+    if model.num_experts % ep or tp % ep:
+        raise ValueError(f"ep={ep} must divide num_experts={model.num_experts} of "
+                         f"{model.name} and the {tp} GPUs")
 
 
 def stored_as(model: ModelSpec, dtype: str) -> ModelSpec:

@@ -15,6 +15,11 @@ Swap preemption's KV transfers (StepShape.swap_*_tokens) go over the host link
 and are added to the step that carries them: kernels wait for swapped-in KV,
 and a swap-out must finish before its blocks are overwritten.
 
+A MoE step reads the distinct experts its rows touch (sim.config.moe's closed form,
+with the model's routing_skew); under expert parallelism (`ep`) each GPU holds whole
+experts, reads its share, and every MoE layer pays an all-to-all (dispatch and combine)
+in place of its MLP all-reduce, counted with the collectives (`allreduce_s`).
+
 A speculative verify (StepShape.num_spec_tokens > 0) runs the target over
 1 + k_i positions of each drafting sequence: k_i more matmul rows, logits and
 KV writes each, and the drafts' attention over the cached context plus the
@@ -34,13 +39,15 @@ from sim.config.costs import (
     allreduce_time_s,
     attention_flops_per_pair,
     expert_weight_bytes,
+    experts_touched,
     kv_bytes_per_token,
     linear_compute_s_per_token,
     linear_flops_per_token,
     lm_head_flops_per_seq,
     weights_read_bytes,
 )
-from sim.config.specs import HardwareSpec, ModelSpec, check_tp
+from sim.config.moe import all_to_all_bytes_per_gpu
+from sim.config.specs import HardwareSpec, ModelSpec, check_ep, check_tp
 from sim.core.plan import StepShape
 
 # Per step: scheduler, input prep, sampling and launch gaps of a vLLM-class engine
@@ -66,6 +73,7 @@ class RooflineLatency:
     model: ModelSpec
     hardware: HardwareSpec
     tp: int = 1
+    ep: int = 1  # expert parallelism: GPUs of the tp group sharing out whole experts
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
     bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
@@ -84,10 +92,12 @@ class RooflineLatency:
     _host_link_bytes_per_s: float = field(init=False, repr=False, compare=False)
     _allreduce_bytes_per_token: float = field(init=False, repr=False, compare=False)
     _allreduce_fixed_s: float = field(init=False, repr=False, compare=False)
+    _all_to_all_fixed_s: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        m, tp, hw = self.model, self.tp, self.hardware
+        m, tp, hw, ep = self.model, self.tp, self.hardware, self.ep
         check_tp(m, tp)
+        check_ep(m, tp, ep)
         if not self.step_overhead_s >= 0:
             raise ValueError(f"step_overhead_s must be >= 0, got {self.step_overhead_s!r}")
         if not self.allreduce_latency_s >= 0:
@@ -95,10 +105,11 @@ class RooflineLatency:
                              f"got {self.allreduce_latency_s!r}")
         _check_fraction("compute_efficiency", self.compute_efficiency)
         _check_fraction("bandwidth_efficiency", self.bandwidth_efficiency)
-        expert = expert_weight_bytes(m, tp) if m.is_moe else 0.0
-        dense = weights_read_bytes(m, 1, tp) - m.experts_per_token * expert
+        expert = expert_weight_bytes(m, tp, ep) if m.is_moe else 0.0
+        dense = weights_read_bytes(m, 1, tp, ep) - experts_touched(m, 1, ep) * expert
         h, act_bytes = m.hidden_size, m.carrier.bytes_per_element
         multi_gpu = tp > 1
+        reduces = 2 * m.num_layers - (m.moe_layers if ep > 1 else 0)
         linear_flops = linear_flops_per_token(m, tp)
         # matmuls in fp8/int8/fp4 run at those rates: priced as bf16-equivalent FLOPs
         if any(hw.flops_per_s(kind) != hw.bf16_flops_per_s
@@ -119,10 +130,11 @@ class RooflineLatency:
                              * self.bandwidth_efficiency),
             "_host_link_bytes_per_s": self.hardware.host_link_bandwidth_bytes_per_s,
             # Two all-reduces per layer (after attention and after the MLP).
-            "_allreduce_bytes_per_token": (2 * m.num_layers * h * act_bytes if multi_gpu
-                                           else 0.0),
-            "_allreduce_fixed_s": (2 * m.num_layers * self.allreduce_latency_s
+            # Two all-reduces per layer; under ep the MoE layers' second is an all-to-all.
+            "_allreduce_bytes_per_token": (reduces * h * act_bytes if multi_gpu else 0.0),
+            "_allreduce_fixed_s": (reduces * self.allreduce_latency_s
                                    if multi_gpu else 0.0),
+            "_all_to_all_fixed_s": 2 * m.moe_layers * self.allreduce_latency_s if ep > 1 else 0.0,
         }
         for key, value in values.items():
             object.__setattr__(self, key, value)
@@ -154,7 +166,7 @@ class RooflineLatency:
             return 0.0, 0.0, 0
         flops = (rows * self._linear_flops_per_token + (seqs + padding + drafts)
                  * self._lm_head_flops_per_seq + pairs * self._attn_flops_per_pair)
-        touched = min(model.num_experts, rows * model.experts_per_token)
+        touched = experts_touched(model, rows, self.ep) if self._expert_bytes else 0.0
         num_bytes = (self._dense_weight_bytes + touched * self._expert_bytes
                      + (kv_read_tokens + prefill_tokens + decodes + drafts)
                      * self._kv_bytes_per_token
@@ -168,6 +180,11 @@ class RooflineLatency:
             return 0.0, 0.0, 0.0, 0.0, 0.0
         allreduce_s = self._allreduce_fixed_s + allreduce_time_s(
             rows * self._allreduce_bytes_per_token, self.tp, self.hardware)
+        if self.ep > 1:  # dispatch to the experts' GPUs and combine, per MoE layer
+            m = self.model
+            allreduce_s += self._all_to_all_fixed_s + m.moe_layers * all_to_all_bytes_per_gpu(
+                rows, m.experts_per_token, m.hidden_size, m.carrier.bytes_per_element,
+                self.ep) / self.hardware.interconnect_bandwidth_bytes_per_s
         return (flops / self._flops_per_s, num_bytes / self._bytes_per_s, allreduce_s,
                 flops, num_bytes)
 
