@@ -22,6 +22,7 @@ from gpu_engine.devices import (  # noqa: F401 - re-exported for callers of this
 )
 from gpu_engine.engine import Engine
 from gpu_engine.kv_cache import PagedKVCache
+from gpu_engine.model import refuse_unsupported
 from gpu_engine.runner import ModelRunner
 from gpu_engine.speculative import ModelDrafter, NgramDrafter
 from gpu_engine.weights import build_model
@@ -95,9 +96,10 @@ def build_engine(scenario: Scenario, base_dir: Path | None = None,
         raise EngineSetupError(f"scheduler.preemption: the engine preempts by recompute only, "
                                f"got {scenario.scheduler.preemption!r}")
     spec = scenario.model_spec
-    if spec.is_moe:
-        raise EngineSetupError(f"model: {spec.name} is a mixture of experts; the engine runs "
-                               "dense Llama-architecture models only")
+    try:
+        refuse_unsupported(spec)
+    except ValueError as err:
+        raise EngineSetupError(f"model: {err}") from None
     cfg = scenario.engine
     torch_device = resolve_device(device or cfg.device)
     dtype = resolve_dtype(cfg.dtype, torch_device)
