@@ -19,19 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import yaml
-
+from sim.cli.capacity_args import DEFAULT_MODEL, context_tokens, load_model, number, positive_int
 from sim.config.capacity import capacity_report
-from sim.config.catalogue import get_hardware, get_model, model_from_fields, spec_fields
-from sim.config.dtypes import DTYPE_NAMES, get_dtype
-from sim.config.hf_config import read_hf_config
-from sim.config.specs import ModelSpec, check_ep, check_tp
+from sim.config.catalogue import get_hardware
+from sim.config.dtypes import DTYPE_NAMES
+from sim.config.specs import check_ep, check_tp
 
-DEFAULT_MODEL = "llama-3-8b"
 _GIB = 1024**3
 GPUS_PER_NODE = 8  # tensor parallelism past one node's NVLink domain is rare in practice
 EXIT_DOES_NOT_FIT = 1
@@ -223,102 +218,14 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
 
 
-def _number(kind: Callable[[str], float], flag: str, text: str, allowed: str,
-            ok: Callable[[float], bool]) -> Any:
-    try:
-        value = kind(text)
-    except ValueError:
-        value = None
-    if value is None or not ok(value):
-        raise ValueError(f"{flag} {text!r}: must be {allowed}")
-    return value
-
-
-def _positive_int(flag: str, text: str) -> int:
-    return _number(int, flag, text, "a positive integer", lambda v: v > 0)
-
-
-def _context_tokens(text: str) -> int:
-    """A token count, or NNk for NN x 1024 (model cards' 128k is 131,072 tokens)."""
-    if text.strip().lower().endswith("k"):
-        try:
-            value = int(text.strip()[:-1]) * 1024
-        except ValueError:
-            value = 0
-        if value > 0:
-            return value
-    return _number(int, "--context", text, "a positive integer, or NNk for NN x 1024 "
-                   "(128k = 131,072)", lambda v: v > 0)
-
-
-def _parse_field(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise ValueError(f"--model-field {text!r}: must be KEY=VALUE, e.g. num_layers=40")
-    return key.strip(), value.strip()
-
-
-_DEPRECATED_DTYPE_BYTES = {2.0: "bf16", 1.0: "fp8", 4.0: "fp32"}
-
-
-def _dtype_overrides(args: argparse.Namespace) -> dict[str, str]:
-    """--weight-dtype/--expert-dtype/--kv-dtype, and the deprecated --dtype-bytes (both)."""
-    fields = {}
-    if args.dtype_bytes is not None:
-        value = _number(float, "--dtype-bytes", args.dtype_bytes, "2, 1 or 4 (deprecated: "
-                        "use --weight-dtype and --kv-dtype, e.g. bf16, fp8, int4, mxfp4)",
-                        lambda v: v in _DEPRECATED_DTYPE_BYTES)
-        name = _DEPRECATED_DTYPE_BYTES[value]
-        print(f"servesim capacity: --dtype-bytes is deprecated and will be removed; use "
-              f"--weight-dtype {name} --kv-dtype {name}", file=sys.stderr)
-        fields = {"weight_dtype": name, "kv_dtype": name}
-    for flag, field in (("weight_dtype", "weight_dtype"), ("expert_dtype", "expert_dtype"),
-                        ("kv_dtype", "kv_dtype")):
-        value = getattr(args, flag)
-        if value is not None:
-            try:
-                get_dtype(value)
-            except ValueError as err:
-                raise ValueError(f"--{flag.replace('_', '-')}: {err}") from None
-            fields[field] = value
-    return fields
-
-
-def _load_model(args: argparse.Namespace) -> ModelSpec:
-    fields: dict[str, Any] = {}
-    if args.config:
-        if args.model or args.model_file:
-            raise ValueError("--config: give one of --config, --model and --model-file")
-        loaded = read_hf_config(args.config)
-        for line in loaded.notes:
-            print(f"servesim capacity: note: {line}", file=sys.stderr)
-        fields = spec_fields(loaded.spec)
-    elif args.model_file:
-        path = Path(args.model_file)
-        try:
-            loaded_fields = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as err:
-            raise ValueError(f"--model-file {str(path)!r}: cannot read: {err}") from None
-        if not isinstance(loaded_fields, dict):
-            raise ValueError(f"--model-file {str(path)!r}: must hold a mapping of model fields")
-        fields.update(loaded_fields)
-    fields.update(_parse_field(text) for text in args.model_fields)
-    fields.update(_dtype_overrides(args))
-    if not fields:
-        return get_model(args.model or DEFAULT_MODEL)
-    if not args.config:
-        fields.setdefault("base", args.model or DEFAULT_MODEL)  # what --help promises
-    return model_from_fields(fields)
-
-
 def run(args: argparse.Namespace) -> int:
     """Print the report; exit 1 when not one sequence fits, 2 (one line on stderr) on bad
     input."""
     try:
-        model = _load_model(args)
+        model = load_model(args)
         hw = get_hardware(args.gpu)
-        tp = _positive_int("--gpus", args.gpus)
-        ep = _positive_int("--ep", args.ep)
+        tp = positive_int("--gpus", args.gpus)
+        ep = positive_int("--ep", args.ep)
         try:
             check_tp(model, tp)
         except ValueError as err:
@@ -330,11 +237,11 @@ def run(args: argparse.Namespace) -> int:
         report = capacity_report(
             model, hw,
             tp=tp,
-            context_tokens=_context_tokens(args.context),
-            batch_size=_positive_int("--batch", args.batch),
-            memory_utilization=_number(float, "--memory-utilization", args.memory_utilization,
+            context_tokens=context_tokens(args.context),
+            batch_size=positive_int("--batch", args.batch),
+            memory_utilization=number(float, "--memory-utilization", args.memory_utilization,
                                        "a fraction in (0, 1]", lambda v: 0 < v <= 1),
-            block_size=_positive_int("--block-size", args.block_size),
+            block_size=positive_int("--block-size", args.block_size),
             ep=ep,
         )
     except ValueError as err:
