@@ -129,3 +129,18 @@ def test_bad_shape_in_a_config_is_an_error_not_a_traceback() -> None:
     raw = _raw("llama-3.1-8b") | {"num_key_value_heads": 7}
     with pytest.raises(HFConfigError, match="num_kv_heads=7 must divide"):
         spec_from_config(raw, "x")
+
+
+def test_servesim_run_names_what_a_config_leaves_out(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "s.yaml").write_text(
+        "model: {config: builtin:gpt-oss-20b}\n"
+        "workload: {arrivals: {process: poisson, rate: 4}, num_requests: 8,\n"
+        "           prompt_tokens: {dist: fixed, value: 512},\n"
+        "           output_tokens: {dist: fixed, value: 16}}\n")
+    assert main(["run", str(tmp_path / "s.yaml"), "--no-plots", "--quiet",
+                 "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert "note: model: fields servesim does not model: swiglu_limit" in err
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["completed"] == 8 and summary["total_output_tokens"] == 8 * 16
