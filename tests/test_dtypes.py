@@ -103,7 +103,7 @@ def test_capacity_sheet_names_both_dtypes_in_each_term(
     assert main(["capacity", "--weight-dtype", "int4", "--kv-dtype", "fp8"]) == 0
     rows = dict(line.split("  ", 1) for line in capsys.readouterr().out.splitlines()
                 if not line.startswith(" "))
-    assert "int4-g128 0.5195 B" in rows["setup"] and "KV fp8 1 B" in rows["setup"]
+    assert "int4-g128 0.51953 B" in rows["setup"] and "KV fp8 1 B" in rows["setup"]
     assert "fp8 1 B" in rows["KV per token"]
     assert "int4-g128" in rows["weights"]
     assert "(int4-g128)" in rows["decode floor"] and "(fp8)" in rows["decode floor"]

@@ -103,7 +103,7 @@ def _dtype(r: dict[str, Any], which: str) -> str:
     """e.g. 'fp8-block 1.0002 B' or 'bf16 2 B': a dtype with its stored bytes per element."""
     size = {"weight": r["weight_bytes_per_param"], "expert": r["expert_bytes_per_param"],
             "kv": r["kv_bytes_per_element"]}[which]
-    return f"{r[f'{which}_dtype']} {size:.4g} B"
+    return f"{r[f'{which}_dtype']} {size:.5g} B"
 
 
 def _weights_dtypes(r: dict[str, Any]) -> str:
