@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-
 ABORTED_REASON = "aborted"  # the reason an aborted request is recorded under
 
 
