@@ -93,16 +93,10 @@ def _model_name(args: argparse.Namespace, scenario: object) -> str:
 
 
 def _simulated(scenario, base_dir: Path | None, tokenizer, args):  # noqa: ANN001, ANN202
-    from sim.serve.app import ServedModel
-    from sim.serve.loop import ServeLoop
-    from sim.serve.server import Served
-    from sim.serve.simulated import build_simulated
+    from sim.serve.server import simulated_served
 
-    backend = build_simulated(scenario, tokenizer, base_dir)
-    loop = ServeLoop(backend.stepper, tokenizer)
-    return Served(loop, ServedModel(_model_name(args, scenario), backend.max_model_len,
-                                    args.api_key), scenario, backend.budget,
-                  backend.latency_name)
+    return simulated_served(scenario, tokenizer, base_dir, _model_name(args, scenario),
+                            args.api_key)
 
 
 def _engine(scenario, base_dir: Path | None, tokenizer, args):  # noqa: ANN001, ANN202

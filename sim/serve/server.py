@@ -25,7 +25,9 @@ from sim.core.kv import KVBudget
 from sim.results.run import RunResult
 from sim.results.summary import run_summary
 from sim.serve.app import ServedModel, build_app
-from sim.serve.loop import ServeLoop
+from sim.serve.loop import ServeLoop, StepDone
+from sim.serve.simulated import build_simulated
+from sim.text.base import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,16 @@ class Served:
     scenario: Scenario
     budget: KVBudget
     latency_name: str
+
+
+def simulated_served(scenario: Scenario, tokenizer: Tokenizer, base_dir: Path | None = None,
+                     model_name: str | None = None, api_key: str | None = None,
+                     on_step: Callable[[StepDone], None] | None = None) -> Served:
+    """The simulated backend of `scenario` behind a loop, ready for a Server."""
+    backend = build_simulated(scenario, tokenizer, base_dir)
+    loop = ServeLoop(backend.stepper, tokenizer, on_step)
+    model = ServedModel(model_name or scenario.model_spec.name, backend.max_model_len, api_key)
+    return Served(loop, model, scenario, backend.budget, backend.latency_name)
 
 
 class Server:
@@ -51,9 +63,10 @@ class Server:
     async def start(self) -> int:
         """Bind and serve; returns the port (a free one when asked for port 0)."""
         app = build_app(self.served.loop, self.served.model)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                                     shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, shutdown_timeout=1.0)
+        site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         sockets = site._server.sockets if site._server is not None else []  # noqa: SLF001
         self.port = sockets[0].getsockname()[1] if sockets else self.port
