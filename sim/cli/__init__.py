@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.register(sub)
     calibrate.register(sub)  # its commands load calibrate (and torch) only when they run
     serve.add_serve(sub)  # aiohttp (and, with --engine, torch) only when it runs
+    serve.add_load(sub)
 
     return parser
 

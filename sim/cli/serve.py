@@ -113,3 +113,103 @@ def _engine(scenario, base_dir: Path | None, tokenizer, args):  # noqa: ANN001, 
     loop = ServeLoop(stepper, tokenizer)
     return Served(loop, ServedModel(_model_name(args, scenario), max_len, args.api_key),
                   scenario, budget, "engine")
+
+
+def add_load(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("load", help="replay a scenario's workload against an OpenAI-compatible "
+                                    "server and measure it on the client")
+    p.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("scenario", nargs="?", help="scenario YAML; omit for the built-in default")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field (repeatable)")
+    p.add_argument("--model", help="model id to send (default: the first at /v1/models)")
+    p.add_argument("--api-key", help="sent as `Authorization: Bearer KEY`")
+    p.add_argument("--chat", action="store_true",
+                   help="use /v1/chat/completions (default /v1/completions with token ids)")
+    p.add_argument("--tokenizer", help="tokenizer for synthetic prompts (default: the "
+                                       "scenario's workload.tokenizer, else byte)")
+    p.add_argument("--max-concurrency", type=int, help="cap on requests in flight")
+    p.add_argument("--compare", action="store_true",
+                   help="also simulate the requests as sent and write the fidelity report "
+                        "(OUT/fidelity/)")
+    p.add_argument("--out", help="output directory (default results/<name>-load)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+    p.set_defaults(func=_load)
+
+
+def _load(args: argparse.Namespace) -> int:
+    from urllib.parse import urlparse
+
+    from sim.cli.run import out_dir_of
+    from sim.config.loader import load_scenario
+    from sim.config.yaml_input import ScenarioError
+    from sim.results.output_dir import OutputDirError, Staging, variant_dir
+    from sim.text import TokenizerError, load_tokenizer
+
+    parsed = urlparse(args.url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        return _fail(f"url: must be http://HOST:PORT or https://..., got {args.url!r}")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        return _fail(f"--max-concurrency: must be >= 1, got {args.max_concurrency}")
+    try:
+        scenario, base_dir = load_scenario(args.scenario, args.overrides)
+    except ScenarioError as err:
+        return _fail(str(err))
+    try:
+        tokenizer = load_tokenizer(args.tokenizer or scenario.workload.tokenizer or "byte")
+    except TokenizerError as err:
+        return _fail(f"--tokenizer: {err}")
+    out_dir, field = out_dir_of(args.out, None, variant_dir(scenario.name, args.overrides,
+                                                             "-load"))
+    try:
+        stage = Staging(out_dir, field)
+    except OutputDirError as err:
+        return _fail(str(err))
+    with stage:
+        try:
+            written = _measure(args, scenario, base_dir, tokenizer, stage.path)
+        except (ValueError, FileNotFoundError) as err:
+            return _fail(f"{args.scenario or 'default scenario'}: {err}")
+        if written is None:
+            return 1
+        stage.commit()
+    if not args.quiet:
+        print(f"results in {out_dir}/")
+    return 0
+
+
+def _measure(args, scenario, base_dir, tokenizer, out: Path) -> list[Path] | None:  # noqa: ANN001
+    from tqdm import tqdm
+
+    from sim.plots.run import plot_latency_cdfs
+    from sim.results.files import write_run_files
+    from sim.results.report import format_summary
+    from sim.serve.load import LoadError, load_summary, run_load
+    from sim.workload import make_requests
+
+    workload = list(make_requests(scenario.workload, scenario.seed, base_dir))
+    with tqdm(total=len(workload), unit="req", disable=args.quiet, desc="load") as bar:
+        try:
+            recorder, measured = run_load(args.url, workload, tokenizer, args.model, args.chat,
+                                          args.api_key, args.max_concurrency, bar.update)
+        except LoadError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return None
+    summary = load_summary(recorder, measured, args.url)
+    requests = recorder.requests_frame()
+    written = write_run_files(out, summary, requests, recorder.steps_frame())
+    plots = scenario.output.plots and not args.no_plots
+    if plots:
+        written.append(plot_latency_cdfs(requests, out / "latency_cdf.png"))
+    if not args.quiet:
+        print(format_summary(summary))
+    if args.compare:
+        from sim.serve.fidelity import compare, markdown, replayed_requests, write_report
+
+        fidelity = compare(scenario, args.url, summary, requests,
+                           replayed_requests(measured, workload), base_dir)
+        written += write_report(fidelity, out / "fidelity", plots)
+        if not args.quiet:
+            print(markdown(fidelity, plots=False))
+    return written

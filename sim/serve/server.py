@@ -10,7 +10,7 @@ closes, and the served requests are summarised in `servesim run`'s files
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -97,20 +97,25 @@ class Server:
 
 def serve_forever(served: Served, host: str, port: int,
                   on_ready: Callable[[int], None] | None = None) -> Server:
-    """Serve until Ctrl-C; returns the stopped server (its result() is what was served)."""
+    """Serve until Ctrl-C (SIGINT) or SIGTERM; returns the stopped server (its result() is
+    what was served). The handlers are installed even where SIGINT was ignored (a
+    background job), so a server always stops cleanly."""
     server = Server(served, host, port)
 
     async def main() -> None:
         bound = await server.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         if on_ready is not None:
             on_ready(bound)
         try:
-            await asyncio.Event().wait()  # until cancelled by Ctrl-C
+            await stop.wait()
         finally:
             await server.stop()
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+    asyncio.run(main())
     return server
 
 
