@@ -91,12 +91,14 @@ def build_app(loop: ServeLoop, model: ServedModel) -> web.Application:
 
 async def _generate(request: web.Request, loop: ServeLoop, model: ServedModel, chat: bool
                     ) -> web.StreamResponse:
+    arrived_s = loop.now()  # the request's headers are in: the client's wait starts here
     try:
         body = await request.json(loads=json.loads)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ApiError(400, f"the request body is not valid JSON: {err}") from None
     generation = parse_generation(body, chat, loop.tokenizer, model.name, model.max_model_len)
-    stream = loop.submit(generation, default_output_tokens(generation, model.max_model_len))
+    stream = loop.submit(generation, default_output_tokens(generation, model.max_model_len),
+                         arrived_s)
     ended = False
     try:
         first = await stream.queue.get()

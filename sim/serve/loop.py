@@ -116,8 +116,14 @@ class ServeLoop:
         self.end_s = 0.0
 
     # -- called by the HTTP handlers --------------------------------------------
-    def submit(self, generation: Generation, output_tokens: int) -> Stream:
-        raw_s = self.stepper.clock()
+    def now(self) -> float:
+        """The server's clock: what an arrival is stamped with."""
+        return self.stepper.clock()
+
+    def submit(self, generation: Generation, output_tokens: int,
+               arrived_s: float | None = None) -> Stream:
+        """Queue a checked request; `arrived_s` (default now): when its HTTP request came in."""
+        raw_s = self.stepper.clock() if arrived_s is None else arrived_s
         while (at_s := self._accumulate(raw_s)) <= self._admitted_s:
             raw_s = math.nextafter(max(raw_s, self._admitted_s), math.inf)
         self._last_arrival_s = at_s
