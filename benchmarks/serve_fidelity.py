@@ -176,7 +176,7 @@ def part_vllm_bench(out: Path, vllm_python: Path) -> list[str]:
             server.stop()
     if done.returncode:
         raise SystemExit(f"vllm bench serve failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    report = done.stdout[done.stdout.find("="):].strip()
+    report = done.stdout[done.stdout.find("============ Serving Benchmark Result"):].strip()
     (out / "vllm_bench.txt").write_text(report + "\n")
     served = json.loads((out / "served" / "summary.json").read_text())
     return ["## vLLM's `vllm bench serve` against `servesim serve` (simulated, quickstart's "
