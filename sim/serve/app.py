@@ -69,8 +69,7 @@ def build_app(loop: ServeLoop, model: ServedModel) -> web.Application:
             "owned_by": "servesim", "root": model.name, "max_model_len": model.max_model_len}]})
 
     async def metrics(_request: web.Request) -> web.Response:
-        sched = loop.stepper.scheduler
-        usable = getattr(getattr(loop.stepper, "kv", None), "num_usable_blocks", 0)
+        sched, usable = loop.stepper.scheduler, loop.stepper.kv.num_usable_blocks
         usage = sched.kv_blocks_used / usable if usable else 0.0
         text = loop.metrics.text(model.name, sched.num_running, sched.num_waiting, usage)
         return web.Response(text=text, content_type="text/plain",

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sim.core.kv import KVManager
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
@@ -51,9 +52,11 @@ class StepDone:
 
 
 class Stepper(Protocol):
-    """A backend: its scheduler, its clock (seconds since the server started), one step."""
+    """A backend: its scheduler and KV pool, its clock (seconds since the server started),
+    one step."""
 
     scheduler: Scheduler
+    kv: KVManager
 
     def clock(self) -> float: ...
 
@@ -169,8 +172,13 @@ class ServeLoop:
         aborts, self._aborts = self._aborts, []
         for rid in aborts:
             stream = self._streams.pop(rid, None)
-            if stream is None:  # not added yet: it leaves the arrivals unseen
+            if stream is None:  # not added yet: it leaves the arrivals, unseen by the scheduler
+                left = [a for a in self._arrived if a[0].request.request_id == rid]
                 self._arrived = deque(a for a in self._arrived if a[0].request.request_id != rid)
+                for gone, _, _ in left:
+                    gone.request.abort(now_s)
+                    self.recorder.record_rejected(gone.request)
+                    self.metrics.on_aborted(rid)
                 continue
             request = self.stepper.abort(rid, now_s)
             if request is not None:

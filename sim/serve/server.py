@@ -86,7 +86,7 @@ class Server:
         """The served requests and steps as a run's result (the files of `servesim run`)."""
         served, loop = self.served, self.served.loop
         stepper = loop.stepper
-        replica = ReplicaParts(stepper.kv, stepper.scheduler)  # type: ignore[attr-defined]
+        replica = ReplicaParts(stepper.kv, stepper.scheduler)
         wall_s = time.perf_counter() - self._started_s
         summary = run_summary(served.scenario, served.budget, loop.recorder, [replica],
                               served.latency_name, wall_s, [loop.recorder])
