@@ -116,6 +116,8 @@ def test_bad_requests_get_openai_errors_and_the_server_lives_on(served: tuple[st
     assert raw.json()["error"]["type"] == "invalid_request_error"
     assert "not valid JSON" in raw.json()["error"]["message"]
     assert httpx.post(url + "/v1/completions", json=[1, 2]).status_code == 400
+    missing = httpx.get(url + "/v1/nothing-here")
+    assert missing.status_code == 404 and "error" in missing.json()
     assert httpx.get(url + "/health").status_code == 200
     assert c.completions.create(model=MODEL, prompt="x", max_tokens=2).usage.completion_tokens \
         == 2

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from sim.core.request import RequestState
 from sim.serve.api import ApiError, Generation, parse_generation
 from sim.serve.loop import Chunk, Ended, ServeLoop, Stream
 from sim.serve.simulated import default_output_tokens
@@ -52,8 +53,12 @@ def build_app(loop: ServeLoop, model: ServedModel) -> web.Application:
             return await handler(request)
         except ApiError as err:
             return _error(err)
-        except web.HTTPException:
-            raise
+        except web.HTTPException as err:  # no such route, wrong method: still OpenAI's JSON
+            if err.status < 400:
+                raise
+            return _error(ApiError(err.status, f"{request.method} {request.path}: {err.reason}",
+                                   type="NotFoundError" if err.status == 404 else
+                                   "invalid_request_error"))
         except (asyncio.CancelledError, ConnectionResetError):
             raise
         except Exception as err:  # noqa: BLE001 - one request fails, never the server
@@ -103,7 +108,9 @@ async def _generate(request: web.Request, loop: ServeLoop, model: ServedModel, c
         first = await stream.queue.get()
         if isinstance(first, Ended) and first.error is not None:
             ended = True
-            raise ApiError(400, f"request refused: {first.error}")
+            if first.request.state is RequestState.REJECTED:  # the scheduler can never run it
+                raise ApiError(400, f"request refused: {first.error}")
+            raise ApiError(503, f"request ended early: {first.error}", type="ServiceUnavailable")
         if generation.stream:
             response = await _sse(request, stream, first, generation, model.name)
         else:

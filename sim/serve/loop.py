@@ -208,6 +208,12 @@ class ServeLoop:
 
     async def run(self) -> None:
         """Serve until stop(); a step in flight completes, then every open stream is ended."""
+        try:
+            await self._serve()
+        finally:  # stopped, or a step failed: no stream is left hanging
+            self._close_streams(self.end_s)
+
+    async def _serve(self) -> None:
         stepper, scheduler = self.stepper, self.stepper.scheduler
         now_s = 0.0
         while not self._stopping:
@@ -221,10 +227,9 @@ class ServeLoop:
                 self._deliver(done)
                 if self.on_step is not None:
                     self.on_step(done)
+                self.end_s = now_s
                 continue
-            now_s = await self._idle(now_s)
-        self.end_s = now_s
-        self._close_streams(now_s)
+            now_s = self.end_s = await self._idle(now_s)
 
     async def _idle(self, now_s: float) -> float:
         """Wait for an arrival, an abort or the scheduler's wakeup; returns the new instant."""
