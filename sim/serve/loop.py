@@ -2,10 +2,10 @@
 
 It keeps time by sim.core.drive's rules, so a simulation of the served arrivals
 makes the very same plans (tests/test_serve.py replays the served log):
-- an arrival is stamped on the server's clock when its HTTP request has been
-  checked; the scheduler gets it at the previous arrival's instant plus the
-  gap (as drive and SimPy add it), never at or before an instant the loop has
-  already admitted up to;
+- an arrival is stamped on the server's clock when its HTTP headers are in
+  (never before the request queued ahead of it); the scheduler gets it at the
+  previous arrival's instant plus the gap (as drive and SimPy add it), never at
+  or before an instant the loop has already admitted up to;
 - a step starts where the last one ended (back to back), or, after an idle
   wait, at the arrival or wakeup the wait was for; arrivals by the end of a
   step are added, at their own instants, before the step is applied;
@@ -114,6 +114,7 @@ class ServeLoop:
         self._wake = asyncio.Event()
         self._next_id = 0
         self._last_arrival_s = 0.0  # the last arrival's instant, as drive accumulates them
+        self._last_raw_s = 0.0  # and its stamp
         self._admitted_s = -math.inf  # arrivals up to here have been added
         self._stopping = False
         self.end_s = 0.0
@@ -127,9 +128,12 @@ class ServeLoop:
                arrived_s: float | None = None) -> Stream:
         """Queue a checked request; `arrived_s` (default now): when its HTTP request came in."""
         raw_s = self.stepper.clock() if arrived_s is None else arrived_s
+        # in queue order: a request whose body was read faster than its predecessor's
+        # is stamped with that one's instant, so a replay sorted by arrival keeps the order
+        raw_s = max(raw_s, self._last_raw_s)
         while (at_s := self._accumulate(raw_s)) <= self._admitted_s:
             raw_s = math.nextafter(max(raw_s, self._admitted_s), math.inf)
-        self._last_arrival_s = at_s
+        self._last_arrival_s, self._last_raw_s = at_s, raw_s
         request = Request(self._next_id, raw_s, len(generation.prompt_ids), output_tokens,
                           prompt_token_ids=generation.prompt_ids)
         self._next_id += 1
