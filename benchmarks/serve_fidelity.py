@@ -207,21 +207,28 @@ def main() -> int:
                         default=Path(os.environ.get("VLLM_PYTHON", "vllm-venv/bin/python")),
                         help="python of a venv with vLLM (env VLLM_PYTHON)")
     args = parser.parse_args()
-    sections = [f"# servesim serve, measured (commit {_commit()}, load "
-                f"{' / '.join(f'{v:.2f}' for v in os.getloadavg())})", ""]
+    stamp = (f"commit {_commit()}, {time.strftime('%Y-%m-%d')}, load average "
+             f"{' / '.join(f'{v:.2f}' for v in os.getloadavg())}")
     for part in args.parts:
         out = args.out / part
         if part == "simulated":
-            sections += part_simulated(out)
+            lines = part_simulated(out)
         elif part == "engine":
-            sections += part_engine(out)
+            lines = part_engine(out)
         elif not args.vllm_python.exists():
-            sections += ["## vllm bench serve", "", f"skipped: no {args.vllm_python}"]
+            print(f"vllm-bench skipped: no {args.vllm_python} (--vllm-python)")
+            continue
         else:
-            sections += part_vllm_bench(out, args.vllm_python)
-        sections.append("")
-        print("\n".join(sections[-40:]), flush=True)
-    (args.out / "README.md").write_text("\n".join(sections))
+            lines = part_vllm_bench(out, args.vllm_python)
+        lines[1:1] = ["", f"({stamp})"]
+        (out / "SECTION.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines), flush=True)
+    # the README joins every part's latest section, so a rerun of one part keeps the others
+    sections = [(args.out / part / "SECTION.md") for part in ("simulated", "engine",
+                                                             "vllm-bench")]
+    body = "\n".join(p.read_text() for p in sections if p.is_file())
+    (args.out / "README.md").write_text(
+        "# servesim serve, measured (python benchmarks/serve_fidelity.py)\n\n" + body)
     print(f"written {args.out / 'README.md'}")
     return 0
 
