@@ -207,6 +207,17 @@ def bench_engine(ctx: Context) -> str:
     return f"```\n$ python {' '.join(cmd)}\n```\n\n" + command([sys.executable, *cmd])
 
 
+def serve(ctx: Context) -> str:
+    """servesim serve measured by servesim load and by vLLM's bench serve (where VLLM_PYTHON
+    names a venv with vLLM; else that part keeps its last published section)."""
+    command([sys.executable, "benchmarks/serve_fidelity.py"])
+    out = REPO / "benchmarks" / "results" / "serve"
+    publish(out / "simulated" / "load" / "fidelity" / "latency_cdf.png",
+            "docs/serve_latency_cdf.png")
+    body = (out / "README.md").read_text().split("\n", 1)[1]
+    return re.sub(r"^## ", "### ", body, flags=re.MULTILINE)
+
+
 NOTEBOOKS = tuple(sorted(str(p.relative_to(REPO)) for p in (REPO / "notebooks").glob("*.ipynb")))
 PROVENANCE_TAG = "provenance"
 
@@ -275,6 +286,8 @@ STEPS = (
          bench_sim("--n", "1000000", "--rates", "200", json_name="bench_sim_1m.json")),
     Step("bench_engine", "engine kernels on this CPU against their floors", "2.5 min",
          ("benchmarks/results/bench_engine.json",), bench_engine),
+    Step("serve", "servesim load and vllm bench serve against servesim serve", "3 min",
+         ("benchmarks/results/serve/README.md", "docs/serve_latency_cdf.png"), serve),
     Step("notebooks", "every notebook executed in place", "1 min", NOTEBOOKS, notebooks),
 )
 

@@ -41,28 +41,9 @@ from sim.experiments.run import run_scenario
 from sim.latency import LatencyModel
 from sim.latency.table_files import load_table
 from sim.latency.table_format import TableMetadata, step_kind
+from sim.results.fidelity import METRICS, relative_error_pct
 from sim.results.run import RunResult
 from sim.world.speculation import alpha_for_tokens_per_step
-
-# (summary key, label, unit): the metrics the fidelity report compares
-METRICS: tuple[tuple[str, str, str], ...] = (
-    ("request_throughput", "Request throughput", "req/s"),
-    ("output_throughput", "Output token throughput", "tok/s"),
-    ("median_ttft_ms", "TTFT p50", "ms"),
-    ("p90_ttft_ms", "TTFT p90", "ms"),
-    ("p99_ttft_ms", "TTFT p99", "ms"),
-    ("median_tpot_ms", "TPOT p50", "ms"),
-    ("p90_tpot_ms", "TPOT p90", "ms"),
-    ("median_e2el_ms", "E2EL p50", "ms"),
-    ("p90_e2el_ms", "E2EL p90", "ms"),
-)
-
-
-def relative_error_pct(simulated: float, measured: float) -> float:
-    """Signed error of the simulator against the engine, in percent of the engine's value."""
-    if not (math.isfinite(simulated) and math.isfinite(measured)) or measured == 0:
-        return math.nan
-    return (simulated - measured) / abs(measured) * 100.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,6 +131,14 @@ class Engine:
             self.drafter.forget(request_id)
         return out
 
+    def abort(self, request_id: int, now: float | None = None) -> Request | None:
+        """Drop a request between steps (its client went away): the scheduler frees its KV
+        blocks and the engine forgets its tokens. None if it had finished or is unknown."""
+        request = self.scheduler.abort(request_id, self.clock.now() if now is None else now)
+        if request is not None:
+            self.release(request_id)
+        return request
+
     # -- steps -------------------------------------------------------------------
     def step(self, arrivals: Callable[[float], None] | None = None,
              start_s: float | None = None) -> tuple[StepPlan, list[Request]] | None:

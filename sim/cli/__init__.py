@@ -19,7 +19,17 @@ from sim import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sim.cli import calibrate, capacity, engine, experiments, explain, run, schema, tokens
+    from sim.cli import (
+        calibrate,
+        capacity,
+        engine,
+        experiments,
+        explain,
+        run,
+        schema,
+        serve,
+        tokens,
+    )
 
     parser = argparse.ArgumentParser(
         prog="servesim", description="Simulate LLM serving and answer capacity questions.")
@@ -34,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.register(sub)
     engine.register(sub)
     calibrate.register(sub)  # its commands load calibrate (and torch) only when they run
+    serve.add_serve(sub)  # aiohttp (and, with --engine, torch) only when it runs
+    serve.add_load(sub)
+
     return parser
 
 

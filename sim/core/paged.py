@@ -186,6 +186,7 @@ class PagedBlockManager:
         A block without a name goes to the front of the queue, reused first (LIFO);
         a named one to the back (LRU), keeping its name until taken for other content.
         """
+        self._host_used -= self._host.pop(request_id, 0)  # an aborted swapped-out request
         self._prefix.release(request_id)
         refcounts, hashes = self._refcounts, self._prefix.names
         table = self._tables.pop(request_id, ())

@@ -12,12 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+ABORTED_REASON = "aborted"  # the reason an aborted request is recorded under
+
 
 class RequestState(Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
     REJECTED = "rejected"
+    ABORTED = "aborted"  # dropped before it finished (a client went away)
 
 
 @dataclass(slots=True, eq=False)
@@ -72,7 +75,8 @@ class Request:
 
     @property
     def is_done(self) -> bool:
-        return self.state in (RequestState.FINISHED, RequestState.REJECTED)
+        return self.state in (RequestState.FINISHED, RequestState.REJECTED,
+                              RequestState.ABORTED)
 
     def advance(self, num_new_tokens: int, emits_token: bool, now: float) -> bool:
         """Apply one step's work to this request; True if it emitted its last token."""
@@ -112,6 +116,12 @@ class Request:
         self.state = RequestState.FINISHED
         self.finish_s = now
         return True
+
+    def abort(self, now: float, reason: str = ABORTED_REASON) -> None:
+        """Dropped by its scheduler before it finished; recorded with the rejected, by reason."""
+        self.state = RequestState.ABORTED
+        self.rejection_reason = reason
+        self.finish_s = now
 
     def reject(self, reason: str, now: float) -> None:
         self.state = RequestState.REJECTED

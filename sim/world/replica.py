@@ -62,6 +62,8 @@ class Replica:
     speculate: Callable[[StepPlan], StepResult] | None = None  # see ReplicaSetup
     observer: StepObserver | None = None  # see ReplicaSetup
     _wake: simpy.Event | None = field(default=None, init=False)
+    _aborts: list[int] = field(default_factory=list, init=False)  # asked during a step
+    _stepping: bool = field(default=False, init=False)
     _cached: Callable[[Request], int] = field(default=_no_cache, init=False)
 
     def __post_init__(self) -> None:
@@ -99,6 +101,26 @@ class Replica:
         self.scheduler.close(self.env.now)
         self._wake_up()
 
+    def abort(self, request_id: int) -> None:
+        """Drop a request (its client went away): now when idle, else as the running step ends
+        (the step contract aborts between steps). It is recorded with the rejected, by reason."""
+        self._aborts.append(request_id)
+        if not self._stepping:
+            self._apply_aborts()
+
+    def _apply_aborts(self) -> None:
+        aborts, self._aborts = self._aborts, []
+        for request_id in aborts:
+            request = self.scheduler.abort(request_id, self.env.now)
+            if request is None:
+                continue  # finished (or aborted) already
+            self.recorder.record_rejected(request)
+            if self.fleet_recorder is not None:
+                self.fleet_recorder.record_rejected(request)
+            if self.on_done is not None:
+                self.on_done(1)
+        self._wake_up()  # a freed seat or blocks may let waiting requests in
+
     def _wake_up(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -125,10 +147,14 @@ class Replica:
             duration_s = step_time(plan.shape)
             if observer is not None:
                 observer.on_step(start_s, duration_s, plan)
+            self._stepping = True
             yield env.timeout(duration_s)
+            self._stepping = False
             result = SCRIPTED if speculate is None else speculate(plan)
             finished = scheduler.on_step_done(plan, result, env.now)
             record_step(recorders, scheduler, start_s, duration_s, plan, finished, held,
                         None if speculate is None else result)
             if finished and self.on_done is not None:
                 self.on_done(len(finished))
+            if self._aborts:
+                self._apply_aborts()

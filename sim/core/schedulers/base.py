@@ -23,6 +23,16 @@ class Scheduler(Protocol):
         """Apply a finished step; returns the requests that completed in it."""
         ...
 
+    def abort(self, request_id: int, now: float) -> Request | None:
+        """Drop a queued or running request (its client went away): its KV is freed now and
+        it appears in no later plan. Returns it, marked aborted, or None when the scheduler
+        does not hold it (finished, rejected, unknown, aborted already).
+
+        Between steps only: after on_step_done() and before the next schedule(), never
+        while a scheduled plan is running (the plan still names the request).
+        """
+        ...
+
     def next_wakeup(self, now: float) -> float | None:
         """When to call schedule() again if it returned None; None = at the next arrival."""
         ...

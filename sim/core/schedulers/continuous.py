@@ -175,6 +175,27 @@ class ContinuousScheduler:
         self._in_flight[request.request_id] = request
         return True
 
+    def abort(self, request_id: int, now: float) -> Request | None:
+        """Drop a waiting or running request between steps and free its KV (see Scheduler).
+
+        A running one leaves the array path's columns: the batch is synced and dropped,
+        and rebuilt by the next schedule() if the running set is still large.
+        """
+        req = self._in_flight.pop(request_id, None)
+        if req is None:
+            return None
+        if req.state is RequestState.WAITING:
+            self.waiting.remove(req)
+        else:
+            if self._batch is not None:
+                self._batch.sync()
+                self._batch = None
+            self.running.remove(req)
+        self._spec.forget(req)
+        self.kv.free(request_id)  # a swapped-out request's host blocks too
+        req.abort(now)
+        return req
+
     def _never_fits(self, request: Request) -> str | None:
         reason = self.limits.never_fits(request, self.kv)
         if reason is not None:

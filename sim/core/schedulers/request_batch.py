@@ -78,6 +78,16 @@ class RequestBatch:
         return StepPlan(tuple(r.request_id for r in live), (1,) * n, contexts, tables,
                         (False,) * n, (True,) * n, shape)
 
+    def abort(self, request_id: int) -> Request | None:
+        """Take a live member out of the decodes (the caller marks it aborted); None if the
+        batch has no such live member."""
+        req = self._by_id.get(request_id)
+        if req is None or req.state is not RequestState.RUNNING:
+            return None
+        req.state = RequestState.ABORTED
+        self.num_live -= 1
+        return req
+
     def apply(self, plan: StepPlan, now: float) -> list[Request]:
         """Advance every member in the plan; returns those that emitted their last token."""
         finished = []

@@ -92,6 +92,24 @@ class StaticScheduler:
     def close(self, now: float) -> None:
         self.closed = True
 
+    def abort(self, request_id: int, now: float) -> Request | None:
+        """Drop a waiting request, or a live member of the running batch, and free its KV.
+
+        An aborted member leaves the batch's decodes at once (its slot pads the batch, as
+        a finished member's does); a batch with no live member left ends there.
+        """
+        req = next((r for r in self.waiting if r.request_id == request_id), None)
+        if req is not None:
+            self.waiting.remove(req)
+        elif self.batch is not None and (req := self.batch.abort(request_id)) is not None:
+            self.kv.free(request_id)
+            if self.batch.done:
+                self._end_batch()
+        else:
+            return None
+        req.abort(now)
+        return req
+
     def schedule(self, now: float) -> StepPlan | None:
         if self.batch is None:
             if not self._ready(now):
@@ -131,7 +149,11 @@ class StaticScheduler:
             raise ValueError("on_step_done without a running batch")
         finished = batch.apply(plan, now)
         if batch.done:  # the longest member is done: the whole batch's KV goes back
-            for req in batch.members:
-                self.kv.free(req.request_id)
-            self.batch = None
+            self._end_batch()
         return finished
+
+    def _end_batch(self) -> None:
+        assert self.batch is not None
+        for req in self.batch.members:
+            self.kv.free(req.request_id)  # an aborted member's is gone already: a no-op
+        self.batch = None
