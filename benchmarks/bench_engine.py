@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from calibrate import gpu_speed  # noqa: E402
 from sim.config.catalogue import get_model  # noqa: E402
 from sim.config.costs import weights_bytes  # noqa: E402
+from sim.config.specs import stored_as  # noqa: E402
 
 
 def bench_device(names: list[str], device: torch.device, dtype: torch.dtype,
@@ -43,9 +44,9 @@ def bench_device(names: list[str], device: torch.device, dtype: torch.dtype,
                                 max(b for b, _ in decode), longest + gpu_speed.BLOCK)
         rows = (gpu_speed.decode_rows(bench, floors, decode, repeats)
                 + gpu_speed.prefill_rows(bench, floors, prefill, max(3, repeats // 4)))
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        stored = stored_as(spec, str(dtype).removeprefix("torch."))
         out["models"].append({"model": name, "params": spec.total_params,
-                              "weights_GiB": weights_bytes(spec, itemsize) / 2**30,
+                              "weights_GiB": weights_bytes(stored) / 2**30,
                               "rows": rows})
         del bench
         if device.type == "cuda":

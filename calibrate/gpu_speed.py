@@ -41,7 +41,7 @@ from sim.config.costs import (
     lm_head_flops_per_seq,
     weights_bytes,
 )
-from sim.config.specs import ModelSpec
+from sim.config.specs import ModelSpec, stored_as
 from sim.core.batching import padded_batch_size
 from sim.core.kv import PagedBlockManager
 from sim.core.request import Request
@@ -109,11 +109,11 @@ class Bench:
                  memory_share: float = 0.85) -> None:
         self.spec, self.device, self.dtype = spec, device, dtype
         self.model = build_model(spec, device, dtype, seed=0)
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        stored = stored_as(spec, str(dtype).removeprefix("torch."))
         blocks = -(-max_tokens // BLOCK) + max_seqs + 1
         if device.type == "cuda":
             free = torch.cuda.mem_get_info(device)[0] * memory_share - 4 * 2**30
-            blocks = min(blocks, int(free // (kv_bytes_per_token(spec, itemsize) * BLOCK)))
+            blocks = min(blocks, int(free // (kv_bytes_per_token(stored) * BLOCK)))
         self.kv = PagedKVCache.for_spec(spec, blocks, BLOCK, dtype, device)
         for t in (*self.kv.k, *self.kv.v):
             t.normal_()
@@ -154,12 +154,12 @@ class Bench:
 def decode_rows(bench: Bench, floors: Floors, points: list[tuple[int, int]], repeats: int
                 ) -> list[dict[str, Any]]:
     spec = bench.spec
-    itemsize = torch.empty((), dtype=bench.dtype).element_size()
-    w_bytes = weights_bytes(spec, dtype_bytes=itemsize)
+    stored = stored_as(spec, str(bench.dtype).removeprefix("torch."))
+    w_bytes = weights_bytes(stored)
     rows = []
     for batch, context in points:
         wall_ms, device_ms, distinct = bench.step_ms(batch, 1, context, repeats)
-        kv = batch * (context + 1) * kv_bytes_per_token(spec, dtype_bytes=itemsize)
+        kv = batch * (context + 1) * kv_bytes_per_token(stored)
         floor_ms = (w_bytes + kv) / floors.bandwidth_bytes_per_s * 1e3
         rows.append({"kind": "decode", "batch": batch, "context": context,
                      "step_ms": wall_ms, "device_ms": device_ms, "floor_ms": floor_ms,

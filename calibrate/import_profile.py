@@ -312,6 +312,12 @@ def import_profile(source: str, directory: str | Path, spec: ModelSpec, hardware
         raise TableError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
     if not directory.is_dir():
         raise TableError(f"{directory}: no such profile directory")
+    stored = {f: getattr(spec, f) for f in ("weight_dtype", "expert_dtype", "kv_dtype")
+              if getattr(spec, f) not in ("", "bf16")}
+    if stored:
+        field, value = next(iter(stored.items()))
+        raise TableError(f"model_spec.{field} is {value!r}: the published profiles time bf16 "
+                         f"kernels, so the imported table's model must be bf16 throughout")
     profile = (read_vidur(directory, spec, tp, attention, cpu_overheads) if source == "vidur"
                else read_llmservingsim(directory, spec, tp))
     roofline = RooflineLatency(spec, hardware, tp=tp)

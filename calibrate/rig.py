@@ -26,7 +26,7 @@ from gpu_engine.runner import ModelRunner
 from gpu_engine.weights import build_model
 from sim.config.catalogue import get_model
 from sim.config.costs import activation_reserve_bytes, kv_bytes_per_token
-from sim.config.specs import ModelSpec
+from sim.config.specs import ModelSpec, stored_as
 from sim.core.kv import PagedBlockManager
 from sim.core.schedulers import SchedulerSettings
 from sim.core.schedulers import build_scheduler as build_policy
@@ -88,12 +88,12 @@ def device_name(device: torch.device) -> str:
 
 def _pool_cap_tokens(spec: ModelSpec, settings: ProfileSettings, device: torch.device,
                      dtype: torch.dtype) -> int:
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    per_token = kv_bytes_per_token(spec, dtype_bytes=itemsize)
+    stored = stored_as(spec, str(dtype).removeprefix("torch."))
+    per_token = kv_bytes_per_token(stored)
     if device.type == "cuda":
         free = torch.cuda.mem_get_info(device)[0]
-        reserve = activation_reserve_bytes(spec, settings.max_num_batched_tokens,
-                                           settings.max_num_seqs, dtype_bytes=itemsize)
+        reserve = activation_reserve_bytes(stored, settings.max_num_batched_tokens,
+                                           settings.max_num_seqs)
         return max(0, int((free * _DEVICE_SHARE - reserve) // per_token))
     return int(available_memory_bytes() * _HOST_SHARE // per_token)
 

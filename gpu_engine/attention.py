@@ -33,9 +33,11 @@ from gpu_engine.torch_attention import torch_attention
 PrefillLayout = tuple[SeqSpan, ...]  # kept for callers that pass a layout to every layer
 
 
-def attention_backend(device: torch.device | str) -> str:
-    """"triton" where its kernel can run (CUDA with Triton installed), else "torch"."""
-    if torch.device(device).type == "cuda" and importlib.util.find_spec("triton") is not None:
+def attention_backend(device: torch.device | str, sliding_window: int = 0) -> str:
+    """"triton" where its kernel can run (CUDA with Triton installed), else "torch"; a model
+    with sliding-window layers takes "torch", whose masks know the window."""
+    if (torch.device(device).type == "cuda" and not sliding_window
+            and importlib.util.find_spec("triton") is not None):
         return "triton"
     return "torch"
 
@@ -47,17 +49,21 @@ def prefill_layout(inputs: StepInputs) -> PrefillLayout:
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, inputs: StepInputs, scale: float,
-                    layout: PrefillLayout | None = None) -> torch.Tensor:
+                    layout: PrefillLayout | None = None, window: int = 0) -> torch.Tensor:
     """q (T, Hq, D), k/v (T, Hkv, D) of the new tokens -> out (T, Hq, D).
 
     Writes k/v into the caches at inputs.slot_mapping first, then each query
     token attends to its sequence's cached context plus its own chunk's tokens
     causally (position <= its own). `layout` is accepted for older callers and
-    unused: the host layout travels in `inputs`.
+    unused: the host layout travels in `inputs`. A sliding-window layer (`window` > 0)
+    sees only its last `window` positions; the Triton kernel has no window yet, so such
+    models run on the torch backend (attention_backend).
     """
     write_kv(k, v, k_cache, v_cache, inputs.slot_mapping)
     if inputs.backend == "triton":
+        if window:
+            raise ValueError("sliding-window attention needs the torch backend")
         from gpu_engine.triton_attention import triton_attention
 
         return triton_attention(q, k, v, k_cache, v_cache, inputs, scale)
-    return torch_attention(q, k, v, k_cache, v_cache, inputs, scale)
+    return torch_attention(q, k, v, k_cache, v_cache, inputs, scale, window)

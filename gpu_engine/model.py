@@ -2,7 +2,10 @@
 
 RMSNorm, rotary embeddings (HF's rotate-half layout, optional Llama-3.1
 frequency scaling), grouped-query attention with optional q/k/v biases
-(Qwen2), SwiGLU, tied or untied embeddings. q/k/v and gate/up are fused into
+(Qwen2) and per-head q/k RMSNorm (Qwen3), sliding-window layers (masked: their
+blocks stay allocated), SwiGLU or a top-k mixture of experts (gpu_engine.moe),
+tied or untied embeddings. MLA, linear/SSM layers, shared experts and leading
+dense layers are refused with the field that needs them. q/k/v and gate/up are fused into
 one matmul each (fewer, larger kernels); `weights.py` maps them to and from
 Hugging Face's separate tensors. The forward takes the packed `StepInputs`
 of a step and returns fp32 logits only for the rows that emit a token.
@@ -24,6 +27,7 @@ from torch import nn
 from gpu_engine.attention import PrefillLayout, paged_attention, prefill_layout
 from gpu_engine.inputs import StepInputs
 from gpu_engine.kv_cache import PagedKVCache
+from gpu_engine.moe import MoE
 from sim.config.specs import ModelSpec, RopeScaling
 
 _NOISE_STD = 0.02  # random biases, and norm weights' spread around 1
@@ -94,8 +98,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, window: int = 0) -> None:
         super().__init__()
+        self.window = window  # 0: full attention
         self.num_heads, self.num_kv_heads = spec.num_heads, spec.num_kv_heads
         self.head_dim = spec.head_dim
         self.q_dim = spec.num_heads * spec.head_dim
@@ -104,16 +109,22 @@ class Attention(nn.Module):
                                   bias=spec.qkv_bias)
         self.o_proj = nn.Linear(self.q_dim, spec.hidden_size, bias=False)
         self.scale = 1.0 / math.sqrt(spec.head_dim)
+        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, inputs: StepInputs,
                 layout: PrefillLayout | None) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
-        q = apply_rotary(q.view(tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, k_cache, v_cache, inputs, self.scale, layout)
+        out = paged_attention(q, k, v, k_cache, v_cache, inputs, self.scale, layout,
+                              self.window)
         return self.o_proj(out.reshape(tokens, self.q_dim))
 
 
@@ -129,12 +140,12 @@ class SwiGLU(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, kind: str = "full") -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.self_attn = Attention(spec)
+        self.self_attn = Attention(spec, spec.sliding_window if kind == "sliding" else 0)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.mlp = SwiGLU(spec)
+        self.mlp: nn.Module = MoE(spec) if spec.is_moe else SwiGLU(spec)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, inputs: StepInputs,
@@ -144,19 +155,32 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+def refuse_unsupported(spec: ModelSpec) -> None:
+    """A ValueError naming the first field the engine cannot run."""
+    refused = [
+        (spec.attention != "gqa", f"attention={spec.attention!r} (multi-head latent "
+         "attention)", "gqa"),
+        ("linear" in spec.layer_kinds, "layer_types with linear/SSM layers",
+         "full and sliding layers"),
+        (spec.num_shared_experts > 0, f"num_shared_experts={spec.num_shared_experts}", "0"),
+        (spec.first_dense_layers > 0, f"first_dense_layers={spec.first_dense_layers}", "0"),
+    ]
+    for bad, what, allowed in refused:
+        if bad:
+            raise ValueError(f"model {spec.name!r}: {what} is not supported by the engine; "
+                             f"allowed: {allowed}")
+
+
 class LlamaModel(nn.Module):
     """The decoder; `forward(inputs, kv)` -> (E, vocab) fp32 logits at inputs.logits_indices."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        if spec.is_moe:
-            raise ValueError(f"model {spec.name!r}: mixture-of-experts (num_experts="
-                             f"{spec.num_experts}) is not supported by the engine; "
-                             "allowed: dense models (num_experts=1)")
+        refuse_unsupported(spec)
         rope_inv_freq(2, spec.rope_theta, spec.rope_scaling)  # reject unknown scaling early
         self.spec = spec
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, kind) for kind in spec.layer_kinds)
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = (None if spec.tie_embeddings
                         else nn.Linear(spec.hidden_size, spec.vocab_size, bias=False))
@@ -189,17 +213,21 @@ class LlamaModel(nn.Module):
         embed_std = 1.0 / math.sqrt(spec.hidden_size) if self.lm_head is None else 1.0
         self.embed_tokens.weight.normal_(0.0, embed_std, generator=gen)
         norms = [self.norm] + [n for layer in self.layers
-                               for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+                               for n in (layer.input_layernorm, layer.post_attention_layernorm,
+                                         layer.self_attn.q_norm, layer.self_attn.k_norm)
+                               if n is not None]
         for norm in norms:
             norm.weight.normal_(1.0, _NOISE_STD, generator=gen)
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            for linear, std in ((attn.qkv_proj, spec.hidden_size ** -0.5),
-                                (attn.o_proj, attn.q_dim ** -0.5 * residual_scale),
-                                (mlp.gate_up_proj, spec.hidden_size ** -0.5),
-                                (mlp.down_proj, spec.intermediate_size ** -0.5
-                                 * residual_scale)):
-                linear.weight.normal_(0.0, std, generator=gen)
+            attn.qkv_proj.weight.normal_(0.0, spec.hidden_size ** -0.5, generator=gen)
+            attn.o_proj.weight.normal_(0.0, attn.q_dim ** -0.5 * residual_scale, generator=gen)
+            if isinstance(mlp, MoE):
+                mlp.init_random(gen, spec.hidden_size, residual_scale)
+            else:
+                mlp.gate_up_proj.weight.normal_(0.0, spec.hidden_size ** -0.5, generator=gen)
+                mlp.down_proj.weight.normal_(0.0, spec.intermediate_size ** -0.5
+                                             * residual_scale, generator=gen)
             if attn.qkv_proj.bias is not None:
                 attn.qkv_proj.bias.normal_(0.0, _NOISE_STD, generator=gen)
         if self.lm_head is not None:

@@ -59,7 +59,7 @@ class ModelRunner:
         self.kv = kv
         self.device = device
         self.max_blocks_per_seq = max_blocks_per_seq
-        self.backend = backend or attention_backend(device)
+        self.backend = backend or attention_backend(device, model.spec.sliding_window)
         self.use_graphs = cuda_graphs and device.type == "cuda" and self.backend == "triton"
         self.graph_sizes = graph_batch_sizes(max_num_seqs)
         spec = model.spec

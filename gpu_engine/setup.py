@@ -22,12 +22,14 @@ from gpu_engine.devices import (  # noqa: F401 - re-exported for callers of this
 )
 from gpu_engine.engine import Engine
 from gpu_engine.kv_cache import PagedKVCache
+from gpu_engine.model import refuse_unsupported
 from gpu_engine.runner import ModelRunner
 from gpu_engine.speculative import ModelDrafter, NgramDrafter
 from gpu_engine.weights import build_model
 from sim.assemble import ReplicaParts, build_replica, kv_budget
 from sim.config.costs import weights_bytes
 from sim.config.scenario import Scenario
+from sim.config.specs import stored_as
 from sim.core.kv import KVBudget
 from sim.latency import LatencyModel
 
@@ -51,7 +53,7 @@ def check_fits(scenario: Scenario, num_blocks: int, device: torch.device,
     """Refuse, before allocating, a model or KV pool larger than this machine's memory."""
     spec = scenario.model_spec
     itemsize = torch.empty((), dtype=dtype).element_size()
-    weights = weights_bytes(spec, dtype_bytes=itemsize)
+    weights = weights_bytes(stored_as(spec, str(dtype).removeprefix("torch.")))
     kv = 2 * spec.num_layers * num_blocks * scenario.kv.block_size * spec.num_kv_heads * \
         spec.head_dim * itemsize
     need = weights + kv
@@ -94,9 +96,10 @@ def build_engine(scenario: Scenario, base_dir: Path | None = None,
         raise EngineSetupError(f"scheduler.preemption: the engine preempts by recompute only, "
                                f"got {scenario.scheduler.preemption!r}")
     spec = scenario.model_spec
-    if spec.is_moe:
-        raise EngineSetupError(f"model: {spec.name} is a mixture of experts; the engine runs "
-                               "dense Llama-architecture models only")
+    try:
+        refuse_unsupported(spec)
+    except ValueError as err:
+        raise EngineSetupError(f"model: {err}") from None
     cfg = scenario.engine
     torch_device = resolve_device(device or cfg.device)
     dtype = resolve_dtype(cfg.dtype, torch_device)

@@ -286,7 +286,7 @@ class ModelDrafter:
     def propose(self, requests: Sequence[DraftRequest]) -> Drafts:
         """Pass 1 catches the draft KV up to the last emitted token, then one pass per draft;
         every drafted token stays on the device."""
-        backend = attention_backend(self.device)
+        backend = attention_backend(self.device, self.model.spec.sliding_window)
         if backend == "triton" and self._store is None:
             self._store = BlockTableStore(2 * len(requests) + 2, 64, self.device, growable=True)
         width = max(r.num_drafts for r in requests)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from gpu_engine.model import LlamaModel
+from gpu_engine.moe import MoE
 from sim.config.specs import ModelSpec, RopeScaling
 
 _INDEX_FILE = "model.safetensors.index.json"
@@ -41,19 +42,49 @@ def hf_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
             if attn.qkv_proj.bias is not None:
                 out[f"{prefix}self_attn.{name}.bias"] = attn.qkv_proj.bias[lo:hi]
         out[f"{prefix}self_attn.o_proj.weight"] = attn.o_proj.weight
-        out[f"{prefix}mlp.gate_proj.weight"] = mlp.gate_up_proj.weight[:inter]
-        out[f"{prefix}mlp.up_proj.weight"] = mlp.gate_up_proj.weight[inter:]
-        out[f"{prefix}mlp.down_proj.weight"] = mlp.down_proj.weight
+        if attn.q_norm is not None and attn.k_norm is not None:
+            out[f"{prefix}self_attn.q_norm.weight"] = attn.q_norm.weight
+            out[f"{prefix}self_attn.k_norm.weight"] = attn.k_norm.weight
+        if isinstance(mlp, MoE):  # Qwen3-MoE checkpoint names, one tensor per expert
+            out[f"{prefix}mlp.gate.weight"] = mlp.gate.weight
+            width = mlp.inter
+            for e in range(spec.num_experts):
+                expert = f"{prefix}mlp.experts.{e}."
+                out[f"{expert}gate_proj.weight"] = mlp.gate_up_proj[e, :width]
+                out[f"{expert}up_proj.weight"] = mlp.gate_up_proj[e, width:]
+                out[f"{expert}down_proj.weight"] = mlp.down_proj[e]
+        else:
+            out[f"{prefix}mlp.gate_proj.weight"] = mlp.gate_up_proj.weight[:inter]
+            out[f"{prefix}mlp.up_proj.weight"] = mlp.gate_up_proj.weight[inter:]
+            out[f"{prefix}mlp.down_proj.weight"] = mlp.down_proj.weight
         out[f"{prefix}input_layernorm.weight"] = layer.input_layernorm.weight
         out[f"{prefix}post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight
     return out
 
 
+def hf_model_type(spec: ModelSpec) -> str:
+    """The Hugging Face family a spec is saved as: qwen3(_moe) for q/k norms, MoE or
+    sliding layers, qwen2 for q/k/v biases, llama otherwise."""
+    if spec.is_moe:
+        return "qwen3_moe"
+    if spec.qk_norm or spec.sliding_window:
+        return "qwen3"
+    return "qwen2" if spec.qkv_bias else "llama"
+
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+
+
 def _hf_config(spec: ModelSpec, dtype: torch.dtype) -> dict[str, Any]:
-    qwen = spec.qkv_bias
+    family = hf_model_type(spec)
+    if family.startswith("qwen3") and not spec.qk_norm:
+        raise ValueError(f"model {spec.name!r}: MoE and sliding-window specs are saved as "
+                         "Qwen3, whose attention has q/k norms; set qk_norm: true")
+    qwen = family == "qwen2"
     config: dict[str, Any] = {
-        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
-        "model_type": "qwen2" if qwen else "llama",
+        "architectures": [_ARCHITECTURES[family]],
+        "model_type": family,
         "hidden_size": spec.hidden_size, "intermediate_size": spec.intermediate_size,
         "num_hidden_layers": spec.num_layers, "num_attention_heads": spec.num_heads,
         "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
@@ -66,6 +97,14 @@ def _hf_config(spec: ModelSpec, dtype: torch.dtype) -> dict[str, Any]:
         config["use_sliding_window"] = False
     else:
         config["attention_bias"] = False
+    if family.startswith("qwen3"):
+        config["layer_types"] = [f"{kind}_attention" for kind in spec.layer_kinds]
+        config["use_sliding_window"] = bool(spec.sliding_window)
+        config["sliding_window"] = spec.sliding_window or None
+    if spec.is_moe:
+        config.update(num_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token,
+                      moe_intermediate_size=spec.expert_intermediate_size,
+                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
     scaling = spec.rope_scaling
     if scaling is not None:
         config["rope_scaling"] = {

@@ -10,7 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.config.costs import activation_reserve_bytes, kv_bytes_per_token, weights_bytes
+from sim.config.costs import (
+    activation_reserve_bytes,
+    kv_bytes_per_token,
+    state_reserve_bytes,
+    weights_bytes,
+)
 from sim.config.scenario import Scenario
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import KVBudget, KVManager, PagedBlockManager
@@ -33,19 +38,22 @@ class ReplicaParts:
 def kv_budget(scenario: Scenario) -> KVBudget:
     """The memory budget terms for one replica (per GPU: tensor parallelism splits all).
 
-    A speculative draft model adds its weights, and its KV to every token's bytes.
+    A speculative draft model adds its weights, and its KV to every token's bytes. Each
+    token costs its KV in every full and sliding layer (blocks leaving a sliding window
+    are not freed yet); linear/SSM layers' constant state is set aside for max_num_seqs
+    sequences beside the activations.
     """
-    model, tp = scenario.model_spec, scenario.hardware.count
-    dtype_bytes = scenario.kv.dtype_bytes
+    model, tp, cfg = scenario.model_spec, scenario.hardware.count, scenario.scheduler
     draft_weights, draft_kv = draft_memory_bytes(scenario)
     return KVBudget(
         memory_bytes=scenario.hardware_spec.memory_bytes,
         memory_utilization=scenario.hardware.memory_utilization,
-        weights_bytes=weights_bytes(model, dtype_bytes=dtype_bytes, tp=tp) + draft_weights,
-        activation_reserve_bytes=activation_reserve_bytes(
-            model, scenario.scheduler.max_num_batched_tokens, scenario.scheduler.max_num_seqs,
-            dtype_bytes=dtype_bytes, tp=tp),
-        kv_bytes_per_token=kv_bytes_per_token(model, dtype_bytes=dtype_bytes, tp=tp) + draft_kv,
+        weights_bytes=weights_bytes(model, tp=tp, ep=scenario.hardware.expert_parallel)
+        + draft_weights,
+        activation_reserve_bytes=(
+            activation_reserve_bytes(model, cfg.max_num_batched_tokens, cfg.max_num_seqs, tp=tp)
+            + state_reserve_bytes(model, cfg.max_num_seqs, tp)),
+        kv_bytes_per_token=kv_bytes_per_token(model, tp=tp) + draft_kv,
         block_size=scenario.kv.block_size,
     )
 
@@ -58,9 +66,8 @@ def draft_memory_bytes(scenario: Scenario) -> tuple[float, float]:
     draft = scenario.speculative.draft_spec
     if draft is None or not scenario.speculative.num_tokens:
         return 0.0, 0.0
-    dtype, tp = scenario.kv.dtype_bytes, scenario.hardware.count
-    return (weights_bytes(draft, dtype_bytes=dtype, tp=tp),
-            kv_bytes_per_token(draft, dtype_bytes=dtype, tp=tp))
+    tp = scenario.hardware.count
+    return weights_bytes(draft, tp=tp), kv_bytes_per_token(draft, tp=tp)
 
 
 def build_block_manager(scenario: Scenario, budget: KVBudget) -> KVManager:
@@ -122,7 +129,7 @@ def build_latency(scenario: Scenario, base_dir: Path | None = None) -> LatencyMo
     if cfg.model == "table" and cfg.path is not None:
         model, tp = scenario.model_spec, scenario.hardware.count
         # swaps cross the scenario GPU's host link, as in the roofline model
-        swap_s_per_token = (kv_bytes_per_token(model, dtype_bytes=scenario.kv.dtype_bytes, tp=tp)
+        swap_s_per_token = (kv_bytes_per_token(model, tp=tp)
                             / scenario.hardware_spec.host_link_bandwidth_bytes_per_s)
         try:
             return open_table_latency((base_dir or Path.cwd()) / cfg.path, model,
@@ -140,4 +147,4 @@ def build_latency(scenario: Scenario, base_dir: Path | None = None) -> LatencyMo
     if cfg.bandwidth_efficiency is not None:
         options["bandwidth_efficiency"] = cfg.bandwidth_efficiency
     return RooflineLatency(scenario.model_spec, scenario.hardware_spec, tp=scenario.hardware.count,
-                           dtype_bytes=scenario.kv.dtype_bytes, **options)
+                           ep=scenario.hardware.expert_parallel, **options)

@@ -56,8 +56,9 @@ def test_llama3_70b_weights_split_over_eight_gpus(capsys: pytest.CaptureFixture[
 def test_text_shows_formulas_with_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(["--model", "llama-3-8b"], capsys)
     assert code == 0 and err == ""
-    assert "2 x 32 layers x 8 kv_heads x 128 head_dim x 2 B = 131,072 B" in out
-    assert "131,072 B x 8,192 tokens x 32 seqs = 32.00 GiB" in out
+    assert "32 layers x 2 x 8 kv_heads x 128 head_dim x bf16 2 B = 131,072 B" in out
+    assert "1.00 GiB per 8,192-token sequence in KV bf16 x 32 seqs = 32.00 GiB" in out
+    assert "weights bf16 2 B" in out and "KV bf16 2 B" in out
     for label in ("weights", "KV budget", "max concurrency", "decode floor", "crossover",
                   "KV / weights"):
         assert any(line.startswith(label) for line in out.splitlines()), label
@@ -71,8 +72,9 @@ def test_batch_and_context_move_the_right_terms(capsys: pytest.CaptureFixture[st
     assert large["max_concurrency"] < small["max_concurrency"]
     assert large["decode_step_floor_s"] > small["decode_step_floor_s"]
     assert small["weights_bytes_per_gpu"] == large["weights_bytes_per_gpu"]
-    fp8 = run_json(["--context", "1024", "--batch", "8", "--dtype-bytes", "1"], capsys)
+    fp8 = run_json(["--context", "1024", "--batch", "8", "--kv-dtype", "fp8"], capsys)
     assert fp8["kv_bytes_per_token"] == small["kv_bytes_per_token"] / 2
+    assert fp8["weights_bytes_per_gpu"] == small["weights_bytes_per_gpu"]  # KV apart
 
 
 def test_short_context_reports_a_finite_crossover(capsys: pytest.CaptureFixture[str]) -> None:
@@ -89,8 +91,12 @@ def test_weights_only_crossover_comes_before_any_context(
     short = run_json(["--model", "llama-3-70b", "--gpus", "8", "--context", "256"], capsys)
     linear = short["crossover_batch_weights_only"]
     assert short["crossover_batch"] is None or short["crossover_batch"] > linear
-    fp8 = run_json(["--model", "llama-3-70b", "--gpus", "8", "--dtype-bytes", "1"], capsys)
-    assert fp8["crossover_batch_weights_only"] < linear  # half the bytes: compute-bound sooner
+    # weight-only int4 (W4A16): a quarter of the bytes at bf16's FLOP rate, compute-bound sooner
+    int4 = run_json(["--model", "llama-3-70b", "--gpus", "8", "--weight-dtype", "int4"], capsys)
+    assert int4["crossover_batch_weights_only"] < linear / 3
+    # fp8 weights run on fp8 tensor cores (twice the rate): half the bytes, half the time
+    fp8 = run_json(["--model", "llama-3-70b", "--gpus", "8", "--weight-dtype", "fp8"], capsys)
+    assert fp8["crossover_batch_weights_only"] == pytest.approx(linear, rel=0.1)
 
 
 def test_model_too_big_leaves_no_kv(capsys: pytest.CaptureFixture[str]) -> None:
@@ -190,7 +196,11 @@ def test_custom_model_from_fields_and_file(tmp_path: Path,
     (["--context", "-5"], "--context '-5': must be a positive integer"),
     (["--batch", "many"], "--batch 'many': must be a positive integer"),
     (["--memory-utilization", "1.5"], "--memory-utilization '1.5': must be a fraction"),
-    (["--dtype-bytes", "0"], "--dtype-bytes '0': must be a positive number"),
+    (["--dtype-bytes", "0"], "--dtype-bytes '0': must be 2, 1 or 4 (deprecated: use "
+                             "--weight-dtype and --kv-dtype"),
+    (["--kv-dtype", "fp6"], "--kv-dtype: unknown dtype 'fp6'; known: fp32, bf16"),
+    (["--config", "/nonexistent"], "config '/nonexistent': no such file"),
+    (["--config", "builtin:nope"], "no shipped config of that name; known: builtin:"),
     (["--block-size", "0"], "--block-size '0'"),
     (["--model-field", "layers=4"], "unknown ModelSpec field 'layers'"),
     (["--model-field", "num_layers"], "must be KEY=VALUE"),

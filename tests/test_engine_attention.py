@@ -20,6 +20,7 @@ from sim.config.catalogue import get_model  # noqa: E402
 from sim.config.costs import (  # noqa: E402
     kv_bytes_per_token,
 )
+from sim.config.specs import stored_as  # noqa: E402
 from sim.core.kv import NULL_BLOCK  # noqa: E402
 
 
@@ -224,7 +225,7 @@ def test_kv_cache_shapes_and_bytes() -> None:
     cache = PagedKVCache.for_spec(spec, 10, 16, torch.float32, "cpu")
     assert len(cache.k) == len(cache.v) == spec.num_layers
     assert cache.k[0].shape == (10, 16, spec.num_kv_heads, spec.head_dim)
-    assert cache.bytes_total() == 10 * 16 * kv_bytes_per_token(spec, dtype_bytes=4)
+    assert cache.bytes_total() == 10 * 16 * kv_bytes_per_token(stored_as(spec, "fp32"))
     assert all(not t.any() for t in cache.k + cache.v)  # zeroed: masked reads stay finite
     with pytest.raises(ValueError, match="num_blocks"):
         PagedKVCache.for_spec(spec, 1, 16, torch.float32, "cpu")

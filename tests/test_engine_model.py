@@ -15,6 +15,7 @@ from gpu_engine.kv_cache import PagedKVCache  # noqa: E402
 from gpu_engine.model import LlamaModel  # noqa: E402
 from gpu_engine.weights import build_model  # noqa: E402
 from sim.config.catalogue import get_model  # noqa: E402
+from sim.config.hf_config import read_hf_config  # noqa: E402
 from sim.config.specs import ModelSpec, RopeScaling  # noqa: E402
 
 TINY = get_model("tiny")
@@ -23,6 +24,15 @@ SCALED = dataclasses.replace(TINY, name="tiny-llama3", rope_theta=10000.0,
                              rope_scaling=RopeScaling(4.0, 1.0, 4.0, 64))
 QWEN = ModelSpec("tiny-qwen2", 2, 48, 6, 2, 8, 96, 200, 1024, True, rope_theta=1e6,
                  rms_norm_eps=1e-6, qkv_bias=True)
+# Qwen3: per-head q/k RMSNorm; one sliding layer with a window far shorter than the
+# sequences; a top-2-of-4 mixture of experts
+QWEN3 = ModelSpec("tiny-qwen3", 2, 48, 6, 2, 8, 96, 200, 1024, False, rope_theta=1e6,
+                  rms_norm_eps=1e-6, qk_norm=True)
+SLIDING = dataclasses.replace(QWEN3, name="tiny-qwen3-sliding", layer_types=("full", "sliding"),
+                              sliding_window=8)
+MOE = dataclasses.replace(QWEN3, name="tiny-qwen3-moe", num_experts=4, experts_per_token=2,
+                          moe_intermediate_size=32)
+NEW_FAMILIES = (QWEN3, SLIDING, MOE)
 BLOCK = 4
 
 
@@ -53,7 +63,7 @@ def _full_logits(model: LlamaModel, spec: ModelSpec, seqs: list[list[int]]) -> l
     return list(logits.split([len(s) for s in seqs]))
 
 
-@pytest.mark.parametrize("spec", [TINY, SCALED, QWEN], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [TINY, SCALED, QWEN, *NEW_FAMILIES], ids=lambda s: s.name)
 def test_build_model_materialises_every_parameter(spec) -> None:
     model = build_model(spec, "cpu", torch.float32, seed=1)
     params = list(model.parameters())
@@ -63,13 +73,20 @@ def test_build_model_materialises_every_parameter(spec) -> None:
     assert model.rotary.inv_freq.dtype == torch.float32 and not model.training
     again = build_model(spec, "cpu", torch.float32, seed=1)
     other = build_model(spec, "cpu", torch.float32, seed=2)
-    assert torch.equal(again.layers[0].mlp.down_proj.weight, model.layers[0].mlp.down_proj.weight)
+    assert torch.equal(again.layers[0].self_attn.o_proj.weight,
+                       model.layers[0].self_attn.o_proj.weight)
     assert not torch.equal(other.embed_tokens.weight, model.embed_tokens.weight)
 
 
 def test_unsupported_specs_are_rejected() -> None:
-    with pytest.raises(ValueError, match="mixture-of-experts"):
-        LlamaModel(get_model("mixtral-8x7b"))
+    with pytest.raises(ValueError, match="attention='mla' .* not supported by the engine; "
+                                         "allowed: gqa"):
+        LlamaModel(read_hf_config("builtin:deepseek-v3").spec)
+    hybrid = dataclasses.replace(TINY, layer_types=("linear", "full"), linear_state_elements=8)
+    with pytest.raises(ValueError, match="linear/SSM layers is not supported"):
+        LlamaModel(hybrid)
+    with pytest.raises(ValueError, match="num_shared_experts=1 is not supported"):
+        LlamaModel(dataclasses.replace(MOE, num_shared_experts=1))
     yarn = dataclasses.replace(TINY, rope_scaling=RopeScaling(4.0, 1.0, 4.0, 64, "yarn"))
     with pytest.raises(ValueError, match="rope_type='yarn'"):
         LlamaModel(yarn)
@@ -83,7 +100,7 @@ def test_random_init_keeps_activations_order_one() -> None:
     assert 0.3 < logits.std().item() < 3.0
 
 
-@pytest.mark.parametrize("spec", [TINY, QWEN], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [TINY, QWEN, SLIDING, MOE], ids=lambda s: s.name)
 def test_chunked_prefill_then_decode_equals_one_full_forward(spec) -> None:
     rng = random.Random(5)
     model = build_model(spec, "cpu", torch.float32, seed=5)
@@ -117,13 +134,17 @@ def test_chunked_prefill_then_decode_equals_one_full_forward(spec) -> None:
 
 def _hf_logits(tmp_path, spec: ModelSpec, seqs: list[list[int]]) -> list:
     transformers = pytest.importorskip("transformers")
-    cls = transformers.Qwen2ForCausalLM if spec.qkv_bias else transformers.LlamaForCausalLM
+    from gpu_engine.weights import hf_model_type
+
+    cls = getattr(transformers, {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                                 "qwen3": "Qwen3ForCausalLM",
+                                 "qwen3_moe": "Qwen3MoeForCausalLM"}[hf_model_type(spec)])
     hf = cls.from_pretrained(tmp_path, attn_implementation="eager").float().eval()
     with torch.no_grad():
         return [hf(torch.tensor([s])).logits[0] for s in seqs]
 
 
-@pytest.mark.parametrize("spec", [TINY, SCALED, QWEN], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [TINY, SCALED, QWEN, *NEW_FAMILIES], ids=lambda s: s.name)
 def test_logits_equal_transformers_on_the_same_weights(tmp_path, spec) -> None:
     pytest.importorskip("transformers")
     from gpu_engine.weights import save_hf, spec_from_hf_config
@@ -135,8 +156,11 @@ def test_logits_equal_transformers_on_the_same_weights(tmp_path, spec) -> None:
     ours, theirs = _full_logits(model, spec, seqs), _hf_logits(tmp_path, spec, seqs)
     for mine, ref in zip(ours, theirs, strict=True):
         torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-5)
-    assert spec_from_hf_config(tmp_path / "config.json") == dataclasses.replace(
-        spec, name=tmp_path.name)
+    expected = dataclasses.replace(spec, name=tmp_path.name)
+    if spec in NEW_FAMILIES:  # the simulator's reader knows Qwen3, its MoE and windows
+        assert read_hf_config(tmp_path).spec == expected
+    else:
+        assert spec_from_hf_config(tmp_path / "config.json") == expected
 
 
 def test_load_hf_round_trip_single_and_sharded(tmp_path) -> None:
@@ -191,3 +215,11 @@ def test_weight_and_config_errors_name_the_problem(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="rope_type='yarn'.*allowed: default, llama3"):
         spec_from_hf_config(tmp_path)
+
+
+def test_sliding_window_models_take_the_torch_backend() -> None:
+    """The Triton kernel has no window: such models run on the masked torch backend."""
+    from gpu_engine.attention import attention_backend
+
+    assert attention_backend("cuda", SLIDING.sliding_window) == "torch"
+    assert attention_backend("cpu") == "torch"

@@ -162,6 +162,22 @@ def test_a_profile_of_another_model_is_refused(tmp_path: Path, edit: dict, messa
     assert not (tmp_path / "t").exists()
 
 
+@pytest.mark.parametrize("field", ["weight_dtype", "expert_dtype", "kv_dtype"])
+def test_a_quantised_model_is_refused(tmp_path: Path, field: str) -> None:
+    """The profiles time bf16 kernels: a table claiming fp8 weights or KV would lie."""
+    import dataclasses
+
+    from calibrate.import_profile import import_profile
+    from sim.config.catalogue import get_hardware
+    from sim.latency.table_format import TableError
+
+    spec = dataclasses.replace(TINY, **{field: "fp8"})
+    with pytest.raises(TableError, match=f"model_spec.{field} is 'fp8': the published"):
+        import_profile("vidur", write_vidur(tmp_path / "p"), spec, get_hardware("a100-80gb"),
+                       tmp_path / "t")
+    assert not (tmp_path / "t").exists()
+
+
 def test_missing_profile_file_is_one_message(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "empty").mkdir()

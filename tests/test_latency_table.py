@@ -133,6 +133,14 @@ def test_metadata_records_what_produced_the_table(table_dir: Path) -> None:
         assert key in raw
     assert raw["format_version"] == 1 and raw["model_spec"]["hidden_size"] == TINY.hidden_size
     assert read_metadata(table_dir).model_spec == TINY
+    # both dtypes are recorded (with the engine's torch dtype beside them)
+    assert (raw["model_spec"]["weight_dtype"], raw["model_spec"]["kv_dtype"]) == ("bf16", "bf16")
+
+
+def test_loader_refuses_another_weight_or_kv_dtype(table_dir: Path) -> None:
+    for field, value in (("kv_dtype", "fp8"), ("weight_dtype", "int4")):
+        with pytest.raises(TableError, match=f"model_spec.{field}: table 'bf16', scenario"):
+            load_table(table_dir, dataclasses.replace(TINY, **{field: value}), 16)
 
 
 # -- the loader's refusals ----------------------------------------------------
@@ -412,7 +420,7 @@ def test_swap_cost_follows_the_scenario_gpu(table_dir: Path) -> None:
     scenario = small_scenario(table_dir.name)
     latency = build_latency(scenario, table_dir.parent)
     assert isinstance(latency, TableLatency)
-    expected = (kv_bytes_per_token(TINY, dtype_bytes=scenario.kv.dtype_bytes)
+    expected = (kv_bytes_per_token(TINY)
                 / scenario.hardware_spec.host_link_bandwidth_bytes_per_s)
     assert latency.swap_s_per_token == pytest.approx(expected)
 

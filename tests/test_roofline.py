@@ -112,8 +112,7 @@ def test_efficiencies_and_overhead_scale_their_terms() -> None:
 
 @pytest.mark.parametrize("kwargs", [
     {"compute_efficiency": 0.0}, {"bandwidth_efficiency": 1.5}, {"step_overhead_s": -1.0},
-    {"seq_overhead_s": float("inf")},
-    {"tp": 3}, {"dtype_bytes": 0},
+    {"seq_overhead_s": float("inf")}, {"tp": 3}, {"ep": 2},
 ])
 def test_bad_parameters_are_rejected(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):

@@ -72,7 +72,7 @@ def test_swap_charges_exactly_the_host_link_time() -> None:
                      padded_batch=5)
     moved = StepShape((128,), (0,), 4, 400, 100, 5, swap_out_tokens=64, swap_in_tokens=32)
     link = get_hardware("h100-sxm").host_link_bandwidth_bytes_per_s
-    expected = 96 * kv_bytes_per_token(get_model("llama-3-8b"), dtype_bytes=2) / link
+    expected = 96 * kv_bytes_per_token(get_model("llama-3-8b")) / link
     assert ROOF.step_time(moved) - ROOF.step_time(base) == pytest.approx(expected, rel=1e-12)
     assert ROOF.breakdown(moved)["swap_s"] == pytest.approx(expected, rel=1e-12)
     _, plans, _ = run("swap")

@@ -18,22 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import yaml
-
+from sim.cli.capacity_args import DEFAULT_MODEL, context_tokens, load_model, number, positive_int
 from sim.config.capacity import capacity_report
-from sim.config.catalogue import get_hardware, get_model, model_from_fields
-from sim.config.specs import HardwareSpec, ModelSpec, check_tp
+from sim.config.catalogue import get_hardware
+from sim.config.dtypes import DTYPE_NAMES
+from sim.config.specs import HardwareSpec, ModelSpec, check_ep, check_tp
 from sim.core.plan import StepShape
 from sim.latency.roofline import RooflineLatency
 from sim.latency.roofline_terms import family_of
 
-DEFAULT_MODEL = "llama-3-8b"
 _GIB = 1024**3
 GPUS_PER_NODE = 8  # tensor parallelism past one node's NVLink domain is rare in practice
 EXIT_DOES_NOT_FIT = 1
@@ -52,6 +48,37 @@ def _gpus(tp: int | None, gpu: str, heads: int) -> str:
         return f"no tensor-parallel group of up to {heads} x {gpu} fits"
     node = f", more than one {GPUS_PER_NODE}-GPU node" if tp > GPUS_PER_NODE else ""
     return f"--gpus {tp} ({tp} x {gpu}{node})"
+
+
+def _moe_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """MoE: weights per GPU under TP and under EP, and the experts a decode step reads."""
+    if not r["is_moe"]:
+        return []
+    text = f"TP slices every expert: {_gib(r['weights_bytes_per_gpu_tp'])} per GPU"
+    if r["weights_bytes_per_gpu_ep"] is not None:
+        text += (f"; EP {r['tp']} ({r['num_experts'] // r['tp']} whole experts per GPU): "
+                 f"{_gib(r['weights_bytes_per_gpu_ep'])} per GPU")
+    touched = (f"{r['decode_experts_touched']:,.1f} of {r['num_experts']} experts per MoE layer "
+               f"on the busiest GPU at batch {r['batch_size']:,} (E(1-(1-k/E)^B), k = "
+               f"{r['experts_per_token']}{', ep ' + str(r['ep']) if r['ep'] > 1 else ''})")
+    return [("  TP vs EP", text), ("  experts read", touched)]
+
+
+def _concurrency(r: dict[str, Any]) -> str:
+    if r["sliding_layers"] or r["linear_layers"]:
+        return (f"{_gib(r['kv_budget_bytes'])} / {_gib(r['kv_bytes_per_seq_blocks'])} per "
+                f"{r['context_tokens']:,}-token sequence (sliding layers: their window, in "
+                "whole blocks) = ")
+    return (f"{r['kv_budget_blocks']:,} blocks / {r['blocks_per_seq']:,} blocks per "
+            f"{r['context_tokens']:,}-token sequence = ")
+
+
+def _pool_note(r: dict[str, Any]) -> str:
+    """The simulator's pool holds fewer when sliding blocks are not freed."""
+    if r["pool_max_concurrency"] == r["max_concurrency"]:
+        return ""
+    return (f"; the simulator's pool, which does not yet free blocks leaving a sliding "
+            f"window, holds {r['pool_max_concurrency']:,}")
 
 
 def _verdict(r: dict[str, Any]) -> str:
@@ -75,14 +102,46 @@ def _verdict(r: dict[str, Any]) -> str:
     return text
 
 
+def _dtype(r: dict[str, Any], which: str) -> str:
+    """e.g. 'fp8-block 1.0002 B' or 'bf16 2 B': a dtype with its stored bytes per element."""
+    size = {"weight": r["weight_bytes_per_param"], "expert": r["expert_bytes_per_param"],
+            "kv": r["kv_bytes_per_element"]}[which]
+    return f"{r[f'{which}_dtype']} {size:.5g} B"
+
+
+def _weights_dtypes(r: dict[str, Any]) -> str:
+    text = f"weights {_dtype(r, 'weight')}"
+    if r["is_moe"] and r["expert_dtype"] != r["weight_dtype"]:
+        text += f", experts {_dtype(r, 'expert')}"
+    return f"{text}, embeddings/norms {r['carrier_dtype']}"
+
+
+def _kv_formula(r: dict[str, Any]) -> str:
+    """KV per token by attention kind, the numbers plugged in."""
+    kv = _dtype(r, "kv")
+    layers = r["full_layers"] + r["sliding_layers"]
+    if r["attention"] == "mla":
+        per_layer = (f"({r['kv_lora_rank']} kv_lora_rank + {r['qk_rope_head_dim']} rope) x "
+                     f"{kv} (MLA latent, whole on every GPU)")
+    else:
+        per_layer = f"2 x {r['kv_heads_per_gpu']} kv_heads x {r['head_dim']} head_dim x {kv}"
+    text = f"{layers} layers x {per_layer} = {r['kv_bytes_per_token']:,.0f} B"
+    if r["sliding_layers"]:
+        text += (f" ({r['sliding_layers']} of them sliding: they keep at most "
+                 f"{r['sliding_window']:,} tokens)")
+    if r["linear_layers"]:
+        text += (f"; + {r['linear_layers']} linear/SSM layers' state "
+                 f"{_gib(r['linear_state_bytes_per_seq'])} per sequence")
+    return text
+
+
 def format_report(r: dict[str, Any]) -> str:
     """The report as aligned text: label, formula with numbers plugged in, result.
 
     When not even one sequence fits, the rows that assume a running server
     (concurrency, decode floor, crossover, the pool) give way to the verdict.
     """
-    ctx, batch, dtype = r["context_tokens"], r["batch_size"], r["dtype_bytes"]
-    heads = r["kv_heads_per_gpu"]
+    ctx, batch = r["context_tokens"], r["batch_size"]
     if r["batch_fits"]:
         fits = "fits"
     else:
@@ -109,18 +168,21 @@ def format_report(r: dict[str, Any]) -> str:
     else:
         budget += f"{_gib(r['memory_left_bytes'])}: no room for KV"
     rows = [
-        ("setup", f"{r['model']} on {r['tp']} x {r['gpu']}, {dtype:g}-byte weights and KV, "
-                  f"context {ctx:,} x batch {batch:,} (all figures per GPU)"),
+        ("setup", f"{r['model']} on {r['tp']} x {r['gpu']}, {_weights_dtypes(r)}, "
+                  f"KV {_dtype(r, 'kv')}, context {ctx:,} x batch {batch:,} (all figures "
+                  "per GPU)"),
         ("params", f"{r['total_params'] / 1e9:,.2f} B total, "
                    f"{r['active_params'] / 1e9:,.2f} B active per token"),
-        ("KV per token", f"2 x {r['num_layers']} layers x {heads} kv_heads x {r['head_dim']} "
-                         f"head_dim x {dtype:g} B = {r['kv_bytes_per_token']:,.0f} B"),
-        ("KV ctx x batch", f"{r['kv_bytes_per_token']:,.0f} B x {ctx:,} tokens x {batch:,} seqs "
+        ("KV per token", _kv_formula(r)),
+        ("KV ctx x batch", f"{_gib(r['kv_bytes_per_seq'])} per {ctx:,}-token sequence in "
+                           f"KV {r['kv_dtype']} x {batch:,} seqs "
                            f"= {_gib(r['kv_bytes_context_batch'])}"),
-        ("weights", f"{r['total_params'] / 1e9:,.2f} B params x {dtype:g} B / {r['tp']} GPU(s) "
-                    f"(norms replicated) = {_gib(r['weights_bytes_per_gpu'])}"),
-        ("activations", f"{r['max_num_batched_tokens']:,} batched tokens' layer buffers + "
-                        f"fp32 logits for {r['max_num_seqs']} seqs = "
+        ("weights", f"{r['total_params'] / 1e9:,.2f} B params in {_weights_dtypes(r)} "
+                    f"/ {r['tp']} GPU(s) (norms replicated) = "
+                    f"{_gib(r['weights_bytes_per_gpu'])}"),
+        *_moe_rows(r),
+        ("activations", f"{r['max_num_batched_tokens']:,} batched tokens' layer buffers in "
+                        f"{r['carrier_dtype']} + fp32 logits for {r['max_num_seqs']} seqs = "
                         f"{_gib(r['activation_reserve_bytes'])}"),
         ("KV budget", budget),
     ]
@@ -128,11 +190,11 @@ def format_report(r: dict[str, Any]) -> str:
         rows.append(("fit", _verdict(r)))
     else:
         rows += [
-            ("max concurrency", f"{r['kv_budget_blocks']:,} blocks / {r['blocks_per_seq']:,} "
-                                f"blocks per {ctx:,}-token sequence = "
-                                f"{r['max_concurrency']:,} sequences (batch {batch:,} {fits})"),
-            ("decode floor", f"({_gib(r['decode_weights_read_bytes'])} weights + "
-                             f"{_gib(r['kv_bytes_context_batch'])} KV) / "
+            ("max concurrency", _concurrency(r) + f"{r['max_concurrency']:,} sequences "
+                                f"(batch {batch:,} {fits})" + _pool_note(r)),
+            ("decode floor", f"({_gib(r['decode_weights_read_bytes'])} weights "
+                             f"({r['weight_dtype']}) + {_gib(r['kv_bytes_context_batch'])} KV "
+                             f"({r['kv_dtype']})) / "
                              f"{r['memory_bandwidth_bytes_per_s'] / 1e12:,.2f} TB/s = "
                              f"{_ms(r['decode_step_floor_s'])} per step at batch {batch:,}"),
             *([("roofline step", f"{_ms(r['roofline_decode_step_s'])} per decode step at batch "
@@ -147,7 +209,7 @@ def format_report(r: dict[str, Any]) -> str:
             ("KV / weights", f"{_gib(r['kv_bytes_context_batch'])} / "
                              f"{_gib(r['weights_bytes_per_gpu'])} = "
                              f"{r['kv_to_weights_ratio']:,.2f}"),
-            ("  one sequence", f"{r['kv_bytes_per_token']:,.0f} B x {ctx:,} tokens = "
+            ("  one sequence", f"{ctx:,} tokens in KV {r['kv_dtype']} = "
                                f"{_gib(r['kv_bytes_per_seq'])} = "
                                f"{r['kv_seq_to_weights_ratio']:,.2f} x the weights"),
             ("  whole KV pool", f"{r['kv_budget_tokens']:,} tokens x "
@@ -164,63 +226,10 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
 
 
-def _number(kind: Callable[[str], float], flag: str, text: str, allowed: str,
-            ok: Callable[[float], bool]) -> Any:
-    try:
-        value = kind(text)
-    except ValueError:
-        value = None
-    if value is None or not ok(value):
-        raise ValueError(f"{flag} {text!r}: must be {allowed}")
-    return value
-
-
-def _positive_int(flag: str, text: str) -> int:
-    return _number(int, flag, text, "a positive integer", lambda v: v > 0)
-
-
-def _context_tokens(text: str) -> int:
-    """A token count, or NNk for NN x 1024 (model cards' 128k is 131,072 tokens)."""
-    if text.strip().lower().endswith("k"):
-        try:
-            value = int(text.strip()[:-1]) * 1024
-        except ValueError:
-            value = 0
-        if value > 0:
-            return value
-    return _number(int, "--context", text, "a positive integer, or NNk for NN x 1024 "
-                   "(128k = 131,072)", lambda v: v > 0)
-
-
-def _parse_field(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise ValueError(f"--model-field {text!r}: must be KEY=VALUE, e.g. num_layers=40")
-    return key.strip(), value.strip()
-
-
-def _load_model(args: argparse.Namespace) -> ModelSpec:
-    fields: dict[str, Any] = {}
-    if args.model_file:
-        path = Path(args.model_file)
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as err:
-            raise ValueError(f"--model-file {str(path)!r}: cannot read: {err}") from None
-        if not isinstance(loaded, dict):
-            raise ValueError(f"--model-file {str(path)!r}: must hold a mapping of model fields")
-        fields.update(loaded)
-    fields.update(_parse_field(text) for text in args.model_fields)
-    if not fields:
-        return get_model(args.model or DEFAULT_MODEL)
-    fields.setdefault("base", args.model or DEFAULT_MODEL)  # what --help promises
-    return model_from_fields(fields)
-
-
-def _roofline_decode(model: ModelSpec, hw: HardwareSpec, tp: int, r: dict[str, Any]
+def _roofline_decode(model: ModelSpec, hw: HardwareSpec, tp: int, ep: int, r: dict[str, Any]
                      ) -> dict[str, Any]:
     """What the default latency model says one decode step of the sheet's batch takes."""
-    roofline = RooflineLatency(model, hw, tp=tp, dtype_bytes=r["dtype_bytes"])
+    roofline = RooflineLatency(model, hw, tp=tp, ep=ep)
     batch, ctx = r["batch_size"], r["context_tokens"]
     parts = roofline.breakdown(StepShape(num_decodes=batch, decode_context_sum=batch * ctx,
                                          decode_context_max=ctx, padded_batch=batch))
@@ -233,30 +242,33 @@ def run(args: argparse.Namespace) -> int:
     """Print the report; exit 1 when not one sequence fits, 2 (one line on stderr) on bad
     input."""
     try:
-        model = _load_model(args)
+        model = load_model(args)
         hw = get_hardware(args.gpu)
-        tp = _positive_int("--gpus", args.gpus)
+        tp = positive_int("--gpus", args.gpus)
+        ep = positive_int("--ep", args.ep)
         try:
             check_tp(model, tp)
         except ValueError as err:
             raise ValueError(f"--gpus {tp}: {err}") from None
+        try:
+            check_ep(model, tp, ep)
+        except ValueError as err:
+            raise ValueError(f"--ep {ep}: {err}") from None
         report = capacity_report(
             model, hw,
             tp=tp,
-            context_tokens=_context_tokens(args.context),
-            batch_size=_positive_int("--batch", args.batch),
-            memory_utilization=_number(float, "--memory-utilization", args.memory_utilization,
+            context_tokens=context_tokens(args.context),
+            batch_size=positive_int("--batch", args.batch),
+            memory_utilization=number(float, "--memory-utilization", args.memory_utilization,
                                        "a fraction in (0, 1]", lambda v: 0 < v <= 1),
-            dtype_bytes=_number(float, "--dtype-bytes", args.dtype_bytes,
-                                "a positive number of bytes (2 = bf16, 1 = fp8)",
-                                lambda v: 0 < v < math.inf),
-            block_size=_positive_int("--block-size", args.block_size),
+            block_size=positive_int("--block-size", args.block_size),
+            ep=ep,
         )
     except ValueError as err:
         print(f"servesim capacity: error: {err}", file=sys.stderr)
         return 2
     if report["fits"]:
-        report = {**report, **_roofline_decode(model, hw, tp, report)}
+        report = {**report, **_roofline_decode(model, hw, tp, ep, report)}
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0 if report["fits"] else EXIT_DOES_NOT_FIT
 
@@ -275,12 +287,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    metavar="KEY=VALUE", help="a ModelSpec field, e.g. num_layers=40 (repeatable)")
     p.add_argument("--gpu", default="h100-sxm", help="catalogue GPU (default h100-sxm)")
     p.add_argument("--gpus", default="1", help="tensor-parallel GPU count (default 1)")
+    p.add_argument("--ep", default="1", help="MoE: expert-parallel GPUs of the --gpus group, "
+                   "each holding num_experts / ep whole experts (default 1: experts sliced "
+                   "by tensor parallelism)")
     p.add_argument("--context", default="8192",
                    help="tokens per sequence, or e.g. 128k = 131072 (default 8192)")
     p.add_argument("--batch", default="32", help="concurrent sequences (default 32)")
     p.add_argument("--memory-utilization", default="0.9",
                    help="fraction of GPU memory the server may use (default 0.9)")
-    p.add_argument("--dtype-bytes", default="2", help="bytes per weight/KV value (default 2)")
+    p.add_argument("--config", help="a Hugging Face config.json, or the folder holding it "
+                   "(its quantization_config sets the weight dtype)")
+    p.add_argument("--weight-dtype", help=f"matmul weights' dtype (default: the model's, "
+                   f"bf16); one of {', '.join(DTYPE_NAMES)}")
+    p.add_argument("--expert-dtype", help="routed experts' dtype (default: --weight-dtype)")
+    p.add_argument("--kv-dtype", help="KV cache dtype (default bf16; fp8 halves it)")
+    p.add_argument("--dtype-bytes", help="deprecated: use --weight-dtype and --kv-dtype")
     p.add_argument("--block-size", default="16", help="KV block size in tokens (default 16)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)

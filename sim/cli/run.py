@@ -39,6 +39,8 @@ def _run(args: argparse.Namespace) -> int:
     except ScenarioError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    for note in scenario.model_notes:
+        print(f"note: model: {note}", file=sys.stderr)
     if args.timeline < 0:
         print(f"error: --timeline: must be >= 0 requests to trace, got {args.timeline}",
               file=sys.stderr)

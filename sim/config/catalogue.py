@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from sim.config.hf_config import read_hf_config
 from sim.config.specs import HardwareSpec, ModelSpec, RopeScaling
 
 
@@ -59,19 +60,60 @@ MODELS: Mapping[str, ModelSpec] = MappingProxyType({
 })
 
 _GIB = 1024**3
-# Datasheet numbers, dense BF16. HBM capacities are binary (80 GB parts expose ~80 GiB).
-# Vendors quote NVLink/Infinity Fabric/PCIe as both directions summed; we store one direction,
-# which is what a ring all-reduce or a host copy can use.
+# Datasheet numbers, dense (vendors often headline 2:4 sparsity: half of those). HBM
+# capacities are binary (80 GB parts expose ~80 GiB). Vendors quote NVLink/Infinity
+# Fabric/PCIe as both directions summed; we store one direction, which is what a ring
+# all-reduce or a host copy can use. Fields: bf16 FLOP/s, memory, HBM bandwidth,
+# GPU-to-GPU, host link, then fp8, int8 and fp4 FLOP/s (0 = no such tensor cores).
 HARDWARE: Mapping[str, HardwareSpec] = MappingProxyType({
-    "h100-sxm": HardwareSpec("h100-sxm", 989.4e12, 80 * _GIB, 3.35e12, 450e9, 64e9),
-    "h100-pcie": HardwareSpec("h100-pcie", 756.0e12, 80 * _GIB, 2.0e12, 300e9, 64e9),
-    "h200": HardwareSpec("h200", 989.4e12, 141 * _GIB, 4.8e12, 450e9, 64e9),
-    "a100-80gb": HardwareSpec("a100-80gb", 312e12, 80 * _GIB, 2.039e12, 300e9, 32e9),
-    # No NVLink: peers talk over PCIe Gen4 x16. GDDR6 with ECC exposes ~48e9 bytes.
-    "l40s": HardwareSpec("l40s", 362.05e12, 48e9, 864e9, 32e9, 32e9),
-    "b200": HardwareSpec("b200", 2.25e15, 180 * _GIB, 8.0e12, 900e9, 64e9),
-    # 7 Infinity Fabric links x 64 GB/s per direction.
-    "mi300x": HardwareSpec("mi300x", 1307.4e12, 192 * _GIB, 5.3e12, 448e9, 64e9),
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM5): NVLink 900 GB/s, PCIe Gen5 128 GB/s
+    "h100-sxm": HardwareSpec("h100-sxm", 989.4e12, 80 * _GIB, 3.35e12, 450e9, 64e9,
+                             1978.9e12, 1978.9e12),
+    # same datasheet, PCIe card: NVLink bridge 600 GB/s, HBM2e 2.0 TB/s
+    "h100-pcie": HardwareSpec("h100-pcie", 756.0e12, 80 * _GIB, 2.0e12, 300e9, 64e9,
+                              1513e12, 1513e12),
+    # NVIDIA H200 Tensor Core GPU datasheet (SXM): H100's compute, 141 GB HBM3e at 4.8 TB/s
+    "h200": HardwareSpec("h200", 989.4e12, 141 * _GIB, 4.8e12, 450e9, 64e9,
+                         1978.9e12, 1978.9e12),
+    # NVIDIA A100 datasheet (SXM4 80GB): no fp8; NVLink 600 GB/s, PCIe Gen4 64 GB/s
+    "a100-80gb": HardwareSpec("a100-80gb", 312e12, 80 * _GIB, 2.039e12, 300e9, 32e9,
+                              0.0, 624e12),
+    # same datasheet, SXM4 40GB: HBM2 at 1.555 TB/s
+    "a100-40gb": HardwareSpec("a100-40gb", 312e12, 40 * _GIB, 1.555e12, 300e9, 32e9,
+                              0.0, 624e12),
+    # NVIDIA L40S datasheet: no NVLink, peers over PCIe Gen4 x16; GDDR6 with ECC ~48e9 B
+    "l40s": HardwareSpec("l40s", 362.05e12, 48e9, 864e9, 32e9, 32e9, 733e12, 733e12),
+    # NVIDIA L4 datasheet: 24 GB GDDR6 at 300 GB/s, PCIe Gen4 x16, no NVLink
+    "l4": HardwareSpec("l4", 121e12, 24e9, 300e9, 32e9, 32e9, 242.5e12, 242.5e12),
+    # AWS publishes no A10G datasheet; NVIDIA A10 datasheet (the same GA102 part):
+    # 24 GB GDDR6 at 600 GB/s, PCIe Gen4, no fp8
+    "a10g": HardwareSpec("a10g", 125e12, 24e9, 600e9, 32e9, 32e9, 0.0, 250e12),
+    # NVIDIA Ada Lovelace architecture whitepaper (GeForce RTX 4090): bf16 and fp8 with
+    # fp32 accumulate, int8; 24 GB GDDR6X at 1008 GB/s; no NVLink
+    "rtx-4090": HardwareSpec("rtx-4090", 165.2e12, 24e9, 1008e9, 32e9, 32e9,
+                             330.3e12, 660.6e12),
+    # NVIDIA HGX B200 datasheet, per GPU: 180 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s
+    "b200": HardwareSpec("b200", 2.25e15, 180 * _GIB, 8.0e12, 900e9, 64e9,
+                         4.5e15, 4.5e15, 9e15),
+    # NVIDIA GB200 NVL72 datasheet divided by its 72 GPUs: 186 GB HBM3e at 8 TB/s each,
+    # NVLink 5 1.8 TB/s, NVLink-C2C to Grace 900 GB/s
+    "gb200": HardwareSpec("gb200", 2.5e15, 186 * _GIB, 8.0e12, 900e9, 450e9,
+                          5e15, 5e15, 10e15),
+    # NVIDIA HGX B300 (Blackwell Ultra) datasheet divided by its 8 GPUs: 288 GB HBM3e at
+    # 8 TB/s; int8 was cut back on Blackwell Ultra and is not listed
+    "b300": HardwareSpec("b300", 2.25e15, 288 * _GIB, 8.0e12, 900e9, 64e9,
+                         4.5e15, 0.0, 13.5e15),
+    # AMD Instinct MI300X data sheet: 192 GB HBM3 at 5.3 TB/s; 7 Infinity Fabric links
+    # x 64 GB/s per direction; PCIe Gen5
+    "mi300x": HardwareSpec("mi300x", 1307.4e12, 192 * _GIB, 5.3e12, 448e9, 64e9,
+                           2614.9e12, 2614.9e12),
+    # AMD Instinct MI325X data sheet: MI300X's compute, 256 GB HBM3E at 6 TB/s
+    "mi325x": HardwareSpec("mi325x", 1307.4e12, 256 * _GIB, 6.0e12, 448e9, 64e9,
+                           2614.9e12, 2614.9e12),
+    # AMD Instinct MI355X data sheet: 288 GB HBM3E at 8 TB/s, MXFP4/MXFP6 cores;
+    # 7 Infinity Fabric links x 76.8 GB/s per direction
+    "mi355x": HardwareSpec("mi355x", 2516.6e12, 288 * _GIB, 8.0e12, 537.6e9, 64e9,
+                           5033.2e12, 5033.2e12, 10066.3e12),
 })
 
 
@@ -111,6 +153,9 @@ def _coerce(cls_name: str, field: str, kind: str, value: Any) -> Any:
                 return float(value)
         elif kind == "str":
             return str(value)
+        elif kind.startswith("tuple"):
+            if isinstance(value, list | tuple):
+                return tuple(str(item) for item in value)
         elif value is None or isinstance(value, RopeScaling):
             return value
         elif isinstance(value, Mapping):
@@ -120,19 +165,29 @@ def _coerce(cls_name: str, field: str, kind: str, value: Any) -> Any:
     raise ValueError(f"{cls_name} field {field}={value!r}: expected {kind}")
 
 
+def spec_fields(spec: Any) -> dict[str, Any]:
+    """A spec's fields as a mapping (what *_from_fields accepts back)."""
+    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+
+
 def _from_fields(cls: type, catalogue: Mapping[str, Any], fields: Mapping[str, Any]) -> Any:
     fields = dict(fields)
     kinds = {f.name: str(f.type) for f in dataclasses.fields(cls)}
     values: dict[str, Any] = {}
-    if "base" in fields:
+    if cls is ModelSpec and "config" in fields:
+        if "base" in fields:
+            raise ValueError("model: give config or base, not both")
+        values = spec_fields(read_hf_config(fields.pop("config")).spec)
+    elif "base" in fields:
         base = _lookup(cls.__name__.removesuffix("Spec").lower(), catalogue, fields.pop("base"))
         values = {name: getattr(base, name) for name in kinds}
         if fields and "name" not in fields:
             values["name"] = f"{base.name} (custom)"
     for field, value in fields.items():
         if field not in kinds:
+            extra = "base, config" if cls is ModelSpec else "base"
             raise ValueError(f"unknown {cls.__name__} field {field!r}; allowed: "
-                             f"{', '.join(kinds)} (and base)")
+                             f"{', '.join(kinds)} (and {extra})")
         values[field] = _coerce(cls.__name__, field, kinds[field], value)
     missing = [f.name for f in dataclasses.fields(cls) if f.name not in values
                and f.default is dataclasses.MISSING]
@@ -142,7 +197,8 @@ def _from_fields(cls: type, catalogue: Mapping[str, Any], fields: Mapping[str, A
 
 
 def model_from_fields(fields: Mapping[str, Any]) -> ModelSpec:
-    """A custom model: every required field, or `base: <catalogue name>` plus overrides."""
+    """A custom model: every required field, or `base: <catalogue name>` or `config:
+    <config.json, its folder or builtin:NAME>` plus overrides (e.g. kv_dtype: fp8)."""
     return _from_fields(ModelSpec, MODELS, fields)
 
 

@@ -79,7 +79,18 @@ def load_scenario(path: str | Path | None, overrides: Sequence[str] = ()) -> tup
         # an omitted workload means the default one; `--set workload.x=...` edits it
         raw["workload"] = copy.deepcopy(DEFAULT_WORKLOAD)
     raw = apply_overrides(raw, overrides)
-    return validate_scenario(raw, str(path or "default scenario")), base_dir
+    return validate_scenario(_model_config_near(raw, base_dir),
+                             str(path or "default scenario")), base_dir
+
+
+def _model_config_near(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """`model: {config: PATH}` is relative to the scenario's folder (else to the cwd)."""
+    model = raw.get("model")
+    if isinstance(model, dict) and isinstance(model.get("config"), str):
+        given = Path(model["config"])
+        if not given.is_absolute() and (base_dir / given).exists():
+            raw = {**raw, "model": {**model, "config": str(base_dir / given)}}
+    return raw
 
 
 def validate_scenario(raw: dict[str, Any], source: str) -> Scenario:

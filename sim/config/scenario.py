@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from sim.config.hf_config import read_hf_config
 from sim.config.sections import (
     EngineConfig,
     HardwareConfig,
@@ -27,7 +28,7 @@ from sim.config.sections import (
     resolve_hardware,
     resolve_model,
 )
-from sim.config.specs import HardwareSpec, ModelSpec, check_tp
+from sim.config.specs import HardwareSpec, ModelSpec, check_ep, check_tp
 from sim.config.speculative import SpeculativeConfig
 from sim.config.workload import WorkloadConfig
 from sim.core.schedulers import POLICIES
@@ -63,7 +64,9 @@ class Scenario(StrictModel):
                       "request")
     model: str | dict[str, Any] = Field(
         "llama-3-8b", description="catalogue name (`servesim capacity --help`), or a mapping "
-        "of ModelSpec fields, e.g. {base: llama-3-8b, num_layers: 40}")
+        "of ModelSpec fields, e.g. {base: llama-3-8b, num_layers: 40}, or a Hugging Face "
+        "config.json with overrides, e.g. {config: builtin:gpt-oss-120b, kv_dtype: fp8} "
+        "(a path is relative to the scenario); dtypes: weight_dtype, expert_dtype, kv_dtype")
     hardware: HardwareConfig = Field(HardwareConfig(), description="the GPUs of one replica")
     scheduler: SchedulerConfig = Field(SchedulerConfig(), description="batching policy and "
                                        "its limits")
@@ -130,6 +133,14 @@ class Scenario(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _expert_parallel_suits_model(self) -> Scenario:
+        try:
+            check_ep(self.model_spec, self.hardware.count, self.hardware.expert_parallel)
+        except ValueError as err:
+            raise ValueError(f"hardware.expert_parallel: {err}") from None
+        return self
+
+    @model_validator(mode="after")
     def _work_is_bounded(self) -> Scenario:
         workload = self.workload
         count = workload.num_requests
@@ -181,6 +192,13 @@ class Scenario(StrictModel):
     @property
     def model_spec(self) -> ModelSpec:
         return resolve_model(self.model)
+
+    @property
+    def model_notes(self) -> tuple[str, ...]:
+        """What a `model: {config: ...}` config.json holds that servesim does not model."""
+        if isinstance(self.model, dict) and "config" in self.model:
+            return read_hf_config(self.model["config"]).notes
+        return ()
 
     @property
     def hardware_spec(self) -> HardwareSpec:

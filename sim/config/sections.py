@@ -41,6 +41,10 @@ class HardwareConfig(StrictModel):
         "h100-sxm", description="catalogue name (`servesim capacity --help` lists them), or a "
         "mapping of HardwareSpec fields, e.g. {base: h100-sxm, memory_gib: 94}")
     count: int = Field(1, ge=1, description="GPUs per replica, used for tensor parallelism")
+    expert_parallel: int = Field(
+        1, ge=1, description="MoE only: GPUs of the replica that share out whole experts "
+        "(num_experts / expert_parallel each) instead of a 1/count slice of every expert; "
+        "must divide count and num_experts; adds an all-to-all per MoE layer")
     memory_utilization: float = Field(
         0.9, gt=0.0, le=1.0, description="share of GPU memory the server may use "
         "(vLLM's gpu_memory_utilization)")
@@ -100,8 +104,6 @@ class KVConfig(StrictModel):
     mode: Literal["paged", "contiguous"] | None = Field(
         None, description="default: paged for continuous, contiguous for static and dynamic")
     block_size: int = Field(16, ge=1, description="tokens per KV block")
-    dtype_bytes: float = Field(2.0, gt=0.0, description="bytes per KV value (2 = bf16/fp16, "
-                               "1 = fp8); also the weights' bytes per parameter")
     watermark: float = Field(0.0, ge=0.0, lt=1.0, description="share of blocks (the null "
                              "block included) an admission leaves free while others run, "
                              "as vLLM's scheduler watermark (default 0, as vLLM's)")
@@ -113,6 +115,15 @@ class KVConfig(StrictModel):
         "or a trace's prefix ids)")
     host_swap_gib: float = Field(
         64.0, ge=0.0, description="host memory for swap preemption, GiB per replica")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_dtype_bytes(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "dtype_bytes" in data:
+            raise ValueError("dtype_bytes was replaced by the model's weight_dtype and kv_dtype "
+                             "(e.g. model: {base: llama-3-8b, weight_dtype: fp8, kv_dtype: fp8}; "
+                             "dtypes: bf16, fp16, fp8, fp8-block, int8, int4, mxfp4, nvfp4)")
+        return data
 
 
 class LatencyConfig(StrictModel):

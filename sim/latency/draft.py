@@ -103,9 +103,7 @@ def draft_cost(scenario: Scenario) -> DraftCost:
         options["bandwidth_efficiency"] = lat.bandwidth_efficiency
     pass_s = DEFAULT_DRAFT_PASS_OVERHEAD_S if overhead_ms is None else overhead_ms / 1e3
     roofline = RooflineLatency(draft, scenario.hardware_spec, tp=scenario.hardware.count,
-                               dtype_bytes=scenario.kv.dtype_bytes, step_overhead_s=pass_s,
-                               seq_overhead_s=0.0,
-                               **options)
+                               step_overhead_s=pass_s, seq_overhead_s=0.0, **options)
     return ModelDraft(roofline, name=draft.name)
 
 

@@ -2,15 +2,25 @@
 
 Needs nothing but a ModelSpec and a HardwareSpec, so it is the default when no
 calibration table exists. The terms (sim.latency.roofline_terms) price every
-layer's four GEMMs (a soft maximum of weight-read and compute time, with a
-launch each and a tile's worth of rows), its small kernels and its attention,
-then lm_head and sampling once, a CPU overhead per step and per sequence, and
-the tensor-parallel all-reduces. Their constants are fitted per GPU family on
+layer's GEMMs (a soft maximum of weight-read and compute time, with a launch
+each and a tile's worth of rows), its small kernels and its attention, then
+lm_head and sampling once, a CPU overhead per step and per sequence, and the
+tensor-parallel all-reduces. Their constants are fitted per GPU family on
 published A100 and H100 kernel timings (`python -m calibrate.fit_roofline`);
 a GPU without data takes its nearest family's fit (roofline_terms.GPU_FAMILIES).
 Prefill turns out compute-bound and decode memory-bound because of the shapes,
 not because of any special case: a step reads the weights once however many
 tokens it computes.
+
+Each GEMM reads its weights in their stored dtype and computes at that dtype's
+tensor-core rate (sim.latency.roofline_layers: weights vs experts, MLA's projections,
+routers and shared experts); the KV cache is read in kv_dtype, activations move in bf16.
+A bf16 dense model is priced exactly as the fit was made. A sliding-window layer attends
+to and reads at most its window per sequence; linear/SSM layers' kernels are not priced.
+A MoE layer's routed experts are those a step touches (sim.config.moe's closed form, with
+routing_skew), in one fused launch per matrix; under expert parallelism (`ep`) each GPU
+holds whole experts and a MoE layer's MLP all-reduce becomes an all-to-all (in
+`allreduce_s`).
 
 Swap preemption's KV transfers (StepShape.swap_*_tokens) go over the host link
 and are added to the step that carries them: kernels wait for swapped-in KV,
@@ -30,9 +40,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from sim.config.costs import allreduce_time_s
-from sim.config.specs import HardwareSpec, ModelSpec, check_tp, kv_heads_per_gpu
+from sim.config.attention import attended_tokens, layer_bytes_per_token, layer_counts
+from sim.config.costs import (
+    allreduce_time_s,
+    attention_flops_per_pair,
+    experts_touched,
+    kv_bytes_per_token,
+)
+from sim.config.moe import all_to_all_bytes_per_gpu
+from sim.config.specs import HardwareSpec, ModelSpec, check_ep, check_tp
 from sim.core.plan import StepShape
+from sim.latency.roofline_layers import Gemm, LayerGroup, layer_groups, model_dims
 from sim.latency.roofline_terms import (
     GemmCost,
     LayerDims,
@@ -45,6 +63,8 @@ from sim.latency.roofline_terms import (
     small_kernels_s,
 )
 
+__all__ = ["PARTS", "RooflineLatency", "model_dims"]
+
 # What step_time adds up (breakdown's keys, besides swap_s and total_s).
 PARTS = ("gemm_s", "small_s", "attention_s", "lm_head_s", "overhead_s", "allreduce_s")
 # Fixed cost of one small all-reduce (custom all-reduce / NCCL LL on NVLink).
@@ -56,11 +76,13 @@ def _check_fraction(name: str, value: float) -> None:
         raise ValueError(f"{name} must be in (0, 1], got {value!r}")
 
 
-def model_dims(model: ModelSpec, tp: int) -> LayerDims:
-    """One GPU's kernel widths; an MoE layer's MLP is one expert's (priced per expert)."""
-    return LayerDims(model.num_layers, model.hidden_size, model.num_heads * model.head_dim // tp,
-                     kv_heads_per_gpu(model, tp) * model.head_dim,
-                     model.intermediate_size / tp, 2, model.vocab_size / tp)
+@dataclass(frozen=True, slots=True)
+class _PricedGroup:
+    """A LayerGroup with its GEMMs' fitted costs, derived once."""
+
+    group: LayerGroup
+    dense: tuple[GemmCost, ...]
+    experts: tuple[GemmCost, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +91,14 @@ class RooflineLatency:
 
     `params` default to the hardware's family fit; `step_overhead_s`,
     `seq_overhead_s`, `compute_efficiency` and `bandwidth_efficiency` override
-    single constants of it (None: the fit's).
+    single constants of it (None: the fit's). `ep`: GPUs of the tp group
+    sharing out whole experts (MoE only).
     """
 
     model: ModelSpec
     hardware: HardwareSpec
     tp: int = 1
-    dtype_bytes: float = 2
+    ep: int = 1
     step_overhead_s: float | None = None
     compute_efficiency: float | None = None
     bandwidth_efficiency: float | None = None
@@ -85,19 +108,23 @@ class RooflineLatency:
     name: str = "roofline"
     _p: RooflineParams = field(init=False, repr=False, compare=False)
     _dims: LayerDims = field(init=False, repr=False, compare=False)
-    _gemms: tuple[GemmCost, ...] = field(init=False, repr=False, compare=False)
+    _groups: tuple[_PricedGroup, ...] = field(init=False, repr=False, compare=False)
+    _lm_head: GemmCost = field(init=False, repr=False, compare=False)
+    _act_bytes: float = field(init=False, repr=False, compare=False)
+    _attn_layers: int = field(init=False, repr=False, compare=False)
+    _sliding_share: float = field(init=False, repr=False, compare=False)
     _attn_flops_per_pair: float = field(init=False, repr=False, compare=False)
     _kv_bytes_per_token: float = field(init=False, repr=False, compare=False)
     _flops_per_s: float = field(init=False, repr=False, compare=False)
     _bytes_per_s: float = field(init=False, repr=False, compare=False)
     _allreduce_bytes_per_token: float = field(init=False, repr=False, compare=False)
     _allreduce_fixed_s: float = field(init=False, repr=False, compare=False)
+    _all_to_all_fixed_s: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        m, tp, dtype = self.model, self.tp, self.dtype_bytes
+        m, tp, ep, hw = self.model, self.tp, self.ep, self.hardware
         check_tp(m, tp)
-        if not dtype > 0:
-            raise ValueError(f"dtype_bytes must be positive, got {dtype!r}")
+        check_ep(m, tp, ep)
         for name in ("step_overhead_s", "seq_overhead_s"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < float("inf"):
@@ -113,26 +140,40 @@ class RooflineLatency:
                                        ("compute_efficiency", self.compute_efficiency),
                                        ("bandwidth_efficiency", self.bandwidth_efficiency))
                      if v is not None}
-        params = dataclasses.replace(self.params or params_for(self.hardware.name), **overrides)
+        params = dataclasses.replace(self.params or params_for(hw.name), **overrides)
         dims = model_dims(m, tp)
-        kv_dim = kv_heads_per_gpu(m, tp) * m.head_dim
+        act = m.carrier.bytes_per_element
+        bw = hw.memory_bandwidth_bytes_per_s
+
+        def cost(g: Gemm) -> GemmCost:
+            return gemm_cost(g.k, g.n, g.flops_per_s, bw, params, g.weight_bytes, act,
+                             g.tile_scale)
+
+        counts = layer_counts(m)
+        attn_layers = counts["full"] + counts["sliding"]
         multi_gpu = tp > 1
+        # Two all-reduces per layer (after attention and after the MLP); under ep a MoE
+        # layer's second is an all-to-all instead.
+        reduces = 2 * m.num_layers - (m.moe_layers if ep > 1 else 0)
         values = {
             "_p": params,
             "_dims": dims,
-            # q/k/v, output, gate+up, down, lm_head
-            "_gemms": tuple(gemm_cost(k, n, self.hardware.bf16_flops_per_s,
-                                      self.hardware.memory_bandwidth_bytes_per_s, params, dtype)
-                            for k, n in (*dims.gemms, (dims.hidden, dims.vocab))),
-            "_attn_flops_per_pair": 4 * m.num_heads / tp * m.head_dim,  # one layer
-            "_kv_bytes_per_token": 2 * kv_dim * dtype,  # one layer
-            "_flops_per_s": self.hardware.bf16_flops_per_s,
-            "_bytes_per_s": self.hardware.memory_bandwidth_bytes_per_s,
-            # Two all-reduces per layer (after attention and after the MLP).
-            "_allreduce_bytes_per_token": (2 * m.num_layers * m.hidden_size * dtype
-                                           if multi_gpu else 0.0),
-            "_allreduce_fixed_s": (2 * m.num_layers * self.allreduce_latency_s
-                                   if multi_gpu else 0.0),
+            "_groups": tuple(_PricedGroup(g, tuple(map(cost, g.dense)),
+                                          tuple(map(cost, g.experts)))
+                             for g in layer_groups(m, hw, tp, ep)),
+            "_lm_head": gemm_cost(dims.hidden, dims.vocab, hw.bf16_flops_per_s, bw, params,
+                                  act, act),
+            "_act_bytes": act,
+            "_attn_layers": attn_layers,
+            "_sliding_share": counts["sliding"] / attn_layers,
+            "_attn_flops_per_pair": attention_flops_per_pair(m, tp) / attn_layers,  # one layer
+            "_kv_bytes_per_token": layer_bytes_per_token(m, tp),  # one attending layer
+            "_flops_per_s": hw.bf16_flops_per_s,
+            "_bytes_per_s": bw,
+            "_allreduce_bytes_per_token": reduces * m.hidden_size * act if multi_gpu else 0.0,
+            "_allreduce_fixed_s": reduces * self.allreduce_latency_s if multi_gpu else 0.0,
+            "_all_to_all_fixed_s": (2 * m.moe_layers * self.allreduce_latency_s
+                                    if ep > 1 else 0.0),
         }
         for key, value in values.items():
             object.__setattr__(self, key, value)
@@ -142,38 +183,75 @@ class RooflineLatency:
         """The constants in use: the family's fit with this model's overrides."""
         return self._p
 
+    def _attended(self, context_tokens: int, sequences: int) -> float:
+        """Context the average attending layer sees: sliding layers at most their window
+        per sequence (sim.config.attention.attended_tokens)."""
+        if not self._sliding_share:
+            return context_tokens
+        return attended_tokens(self.model, context_tokens, sequences)
+
     def _counts(self, shape: StepShape) -> tuple[float, float, float, float, float]:
-        """Token rows, query-key pairs, KV tokens touched, sequences, logit rows."""
+        """Token rows, query-key pairs and KV tokens touched (per attending layer),
+        sequences, logit rows."""
         prefill_tokens = 0
         pairs = 0.0  # query-key pairs attended, summed over the step
-        kv_read_tokens = shape.decode_context_sum
+        decodes = shape.num_decodes
+        decode_context = self._attended(shape.decode_context_sum, decodes)
+        kv_read_tokens = decode_context
         for chunk, context in zip(shape.prefill_chunk_tokens, shape.prefill_context_tokens,
                                   strict=True):
             prefill_tokens += chunk
-            pairs += chunk * context + chunk * (chunk + 1) * 0.5  # causal within the chunk
-            kv_read_tokens += context
-        decodes = shape.num_decodes
-        pairs += shape.decode_context_sum + decodes  # each decode also attends to itself
+            seen = self._attended(context, 1)
+            pairs += chunk * seen + chunk * (chunk + 1) * 0.5  # causal within the chunk
+            kv_read_tokens += seen
+        pairs += decode_context + decodes  # each decode also attends to itself
         seqs = len(shape.prefill_chunk_tokens) + decodes
         padding = max(0, shape.padded_batch - seqs)  # padded slots cost matmuls, not attention
         drafts = shape.num_spec_tokens
         if drafts:  # draft positions: over the context, after the last token and each other
             mean_k = drafts / shape.num_spec_decodes
-            pairs += mean_k * shape.spec_context_sum + drafts * (mean_k + 3) * 0.5
+            pairs += (mean_k * self._attended(shape.spec_context_sum, shape.num_spec_decodes)
+                      + drafts * (mean_k + 3) * 0.5)
         rows = prefill_tokens + decodes + drafts + padding
         kv_tokens = kv_read_tokens + prefill_tokens + decodes + drafts
         return float(rows), pairs, float(kv_tokens), float(seqs), float(seqs + padding + drafts)
 
-    def _layer_gemms_s(self, rows: float) -> float:
-        """Attention projections, then the MLP: dense, or each touched expert over its rows."""
-        qkv, out, up, down, _ = self._gemms
+    def _experts(self, rows: float) -> tuple[float, float]:
+        """Routed experts a MoE layer touches on the busiest GPU, and each one's rows."""
         m = self.model
-        if not m.is_moe:
-            return qkv.seconds(rows) + out.seconds(rows) + up.seconds(rows) + down.seconds(rows)
-        touched = min(m.num_experts, rows * m.experts_per_token)
-        per_expert = rows * m.experts_per_token / touched
-        return (qkv.seconds(rows) + out.seconds(rows)
-                + touched * (up.seconds(per_expert) + down.seconds(per_expert)))
+        touched = experts_touched(m, rows, self.ep)
+        return touched, rows * m.experts_per_token / (self.ep * touched)
+
+    def _gemms_s(self, rows: float) -> float:
+        """Every layer's GEMMs: those over all rows, then each touched expert over its rows.
+
+        A layer's routed experts run as one fused kernel per matrix (vLLM's fused_moe):
+        each touched expert adds its weight read and its tiles, the launch is paid once.
+        """
+        total = touched = per_expert = 0.0
+        if self.model.is_moe:
+            touched, per_expert = self._experts(rows)
+        for g in self._groups:
+            layer = 0.0
+            for c in g.dense:
+                layer += c.seconds(rows)
+            for c in g.experts:
+                layer += c.launch_s + touched * (c.seconds(per_expert) - c.launch_s)
+            total += g.group.layers * layer
+        return total
+
+    def _collectives_s(self, rows: float) -> float:
+        """Tensor parallelism's all-reduces; under ep each MoE layer's all-to-all."""
+        if self.tp == 1:
+            return 0.0
+        seconds = self._allreduce_fixed_s + allreduce_time_s(
+            rows * self._allreduce_bytes_per_token, self.tp, self.hardware)
+        if self.ep > 1:  # dispatch to the experts' GPUs and combine, per MoE layer
+            m = self.model
+            seconds += self._all_to_all_fixed_s + m.moe_layers * all_to_all_bytes_per_gpu(
+                rows, m.experts_per_token, m.hidden_size, self._act_bytes,
+                self.ep) / self.hardware.interconnect_bandwidth_bytes_per_s
+        return seconds
 
     def _parts(self, shape: StepShape) -> tuple[float, ...]:
         """Every priced part of one step in PARTS' order, seconds (empty: nothing runs)."""
@@ -181,37 +259,43 @@ class RooflineLatency:
         if rows == 0:
             return ()
         p, dims, b = self._p, self._dims, self._bytes_per_s
-        layers = self.model.num_layers
-        attention = layers * attention_s(
+        attention = self._attn_layers * attention_s(
             pairs * self._attn_flops_per_pair, kv_tokens * self._kv_bytes_per_token,
             self._flops_per_s, b, p) if pairs else 0.0
-        return (layers * self._layer_gemms_s(rows),
-                # the activation runs per expert row
-                layers * small_kernels_s(dims, rows * self.model.experts_per_token, b, p,
-                                         self.dtype_bytes),
+        small = 0.0
+        for g in self._groups:
+            small += g.group.layers * small_kernels_s(g.group.dims, rows, b, p, self._act_bytes)
+        return (self._gemms_s(rows),
+                small,
                 attention,
-                self._gemms[4].seconds(logit_rows) + sampling_s(dims, logit_rows, b, p),
+                self._lm_head.seconds(logit_rows) + sampling_s(dims, logit_rows, b, p),
                 cpu_overhead_s(seqs, p),
-                self._allreduce_fixed_s + allreduce_time_s(
-                    rows * self._allreduce_bytes_per_token, self.tp, self.hardware)
-                if self.tp > 1 else 0.0)
+                self._collectives_s(rows))
 
-    def _work(self, rows: float, pair_flops: float, kv_bytes: float, logit_rows: float
+    def _work(self, rows: float, pairs: float, kv_tokens: float, logit_rows: float
               ) -> dict[str, float]:
         """FLOPs and HBM bytes of the step's kernels, and their ideal times: the regimes."""
-        m, d, p, dtype = self.model, self._dims, self._p, self.dtype_bytes
-        qkv, out, up, down = d.gemms
-        attn_kn = qkv[0] * qkv[1] + out[0] * out[1]
-        mlp_kn = up[0] * up[1] + down[0] * down[1]
-        touched = min(m.num_experts, rows * m.experts_per_token)
-        flops = (m.num_layers * (2 * rows * (attn_kn + m.experts_per_token * mlp_kn) + pair_flops)
+        p, d, act = self._p, self._dims, self._act_bytes
+        touched, per_expert = self._experts(rows) if self.model.is_moe else (0.0, 0.0)
+        bandwidth = self._bytes_per_s * p.bandwidth_efficiency
+        flops = compute_s = num_bytes = 0.0
+        for g in self._groups:
+            for gemms, count, gemm_rows in ((g.group.dense, 1.0, rows),
+                                            (g.group.experts, touched, per_expert)):
+                for gemm in gemms:
+                    work = g.group.layers * count * 2 * gemm_rows * gemm.k * gemm.n
+                    flops += work
+                    compute_s += work / (gemm.flops_per_s * p.compute_efficiency)
+                    num_bytes += g.group.layers * count * gemm.k * gemm.n * gemm.weight_bytes
+            num_bytes += g.group.layers * rows * g.group.dims.small_bytes_per_row * act
+        other = (self._attn_layers * pairs * self._attn_flops_per_pair
                  + 2 * logit_rows * d.hidden * d.vocab)
-        weights = m.num_layers * (attn_kn + touched * mlp_kn) + d.hidden * d.vocab
-        acts = m.num_layers * rows * m.experts_per_token * d.small_bytes_per_row
-        num_bytes = (weights + acts) * dtype + m.num_layers * kv_bytes
-        return {"flops": flops, "bytes": num_bytes,
-                "compute_s": flops / (self._flops_per_s * p.compute_efficiency),
-                "memory_s": num_bytes / (self._bytes_per_s * p.bandwidth_efficiency)}
+        flops += other
+        compute_s += other / (self._flops_per_s * p.compute_efficiency)
+        num_bytes += (d.hidden * d.vocab * act
+                      + self._attn_layers * kv_tokens * self._kv_bytes_per_token)
+        return {"flops": flops, "bytes": num_bytes, "compute_s": compute_s,
+                "memory_s": num_bytes / bandwidth}
 
     def sampling_s(self, seqs: float) -> float:
         """Sampling's logit traffic for `seqs` sequences (part of lm_head_s)."""
@@ -220,7 +304,7 @@ class RooflineLatency:
     def swap_time_s(self, shape: StepShape) -> float:
         """Host-link seconds for the KV the step swaps out and in (one GPU's shard each)."""
         slots = shape.swap_out_tokens + shape.swap_in_tokens
-        return (slots * self.model.num_layers * self._kv_bytes_per_token
+        return (slots * kv_bytes_per_token(self.model, self.tp)
                 / self.hardware.host_link_bandwidth_bytes_per_s) if slots else 0.0
 
     def step_time(self, shape: StepShape) -> float:
@@ -234,8 +318,7 @@ class RooflineLatency:
         parts.update(zip(PARTS, self._parts(shape), strict=False))
         rows, pairs, kv_tokens, _, logit_rows = self._counts(shape)
         if rows:
-            parts.update(self._work(rows, pairs * self._attn_flops_per_pair,
-                                    kv_tokens * self._kv_bytes_per_token, logit_rows))
+            parts.update(self._work(rows, pairs, kv_tokens, logit_rows))
         parts["swap_s"] = self.swap_time_s(shape)
         parts["total_s"] = self.step_time(shape)
         return parts

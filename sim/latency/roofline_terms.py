@@ -143,19 +143,25 @@ class GemmCost:
 
 
 def gemm_cost(k: float, n: float, flops_per_s: float, bytes_per_s: float,
-              params: RooflineParams, dtype_bytes: float = 2) -> GemmCost:
-    """A k x n GEMM's constants: HBM at the bandwidth efficiency, FLOPs at the compute one."""
+              params: RooflineParams, weight_bytes: float = 2, act_bytes: float = 2,
+              tile_scale: float = 1.0) -> GemmCost:
+    """A k x n GEMM's constants: HBM at the bandwidth efficiency, FLOPs at the compute one.
+
+    `weight_bytes` per stored weight element (a quantised dtype's, scales included) and
+    `act_bytes` per activation element in and out; `flops_per_s` the rate its dtype's
+    matmul runs at; `tile_scale` scales the fitted (bf16) tile rows for another dtype
+    (see sim.latency.roofline_layers.Gemm.tile_scale)."""
     bandwidth = bytes_per_s * params.bandwidth_efficiency
-    return GemmCost(params.gemm_launch_s, k * n * dtype_bytes / bandwidth,
-                    (k + n) * dtype_bytes / bandwidth,
+    return GemmCost(params.gemm_launch_s, k * n * weight_bytes / bandwidth,
+                    (k + n) * act_bytes / bandwidth,
                     2.0 * k * n / (flops_per_s * params.compute_efficiency),
-                    params.gemm_tile_rows, params.transition_sharpness)
+                    params.gemm_tile_rows * tile_scale, params.transition_sharpness)
 
 
 def gemm_s(rows: Any, k: float, n: float, flops_per_s: float, bytes_per_s: float,
            params: RooflineParams, dtype_bytes: float = 2) -> Any:
     """One GEMM over `rows` token rows: launch + soft max(HBM time, compute time)."""
-    return gemm_cost(k, n, flops_per_s, bytes_per_s, params, dtype_bytes)(rows)
+    return gemm_cost(k, n, flops_per_s, bytes_per_s, params, dtype_bytes, dtype_bytes)(rows)
 
 
 def layer_gemms_s(dims: LayerDims, rows: Any, flops_per_s: float, bytes_per_s: float,
@@ -226,12 +232,20 @@ FAMILIES: MappingProxyType[str, RooflineParams] = MappingProxyType({
 GPU_FAMILIES: MappingProxyType[str, tuple[str, str]] = MappingProxyType({
     "a100-80gb": ("ampere", "fitted on measured A100-80GB kernels"),
     "h100-sxm": ("hopper", "fitted on measured H100-SXM kernels"),
+    "a100-40gb": ("ampere", "no measured kernels: A100-80GB's fit, the same die"),
     "h100-pcie": ("hopper", "no measured kernels: H100-SXM's fit, the same architecture"),
     "h200": ("hopper", "no measured kernels: H100-SXM's fit, the same Hopper die"),
     "b200": ("hopper", "no measured kernels: H100-SXM's fit, the nearest family"),
+    "gb200": ("hopper", "no measured kernels: H100-SXM's fit, the nearest family"),
+    "b300": ("hopper", "no measured kernels: H100-SXM's fit, the nearest family"),
     "l40s": ("ampere", "no measured kernels: A100's fit, the nearest family"),
+    "l4": ("ampere", "no measured kernels: A100's fit, the nearest family"),
+    "a10g": ("ampere", "no measured kernels: A100's fit, the same Ampere architecture"),
+    "rtx-4090": ("ampere", "no measured kernels: A100's fit, the nearest family"),
     "mi300x": ("hopper", "no measured kernels: H100-SXM's fit, the nearest in bandwidth "
                          "and FLOP/s"),
+    "mi325x": ("hopper", "no measured kernels: H100-SXM's fit, as MI300X"),
+    "mi355x": ("hopper", "no measured kernels: H100-SXM's fit, as MI300X"),
 })
 DEFAULT_FAMILY = "hopper"
 
