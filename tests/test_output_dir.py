@@ -136,3 +136,36 @@ def test_long_override_lists_end_in_a_hash_that_keeps_them_apart() -> None:
     other = [*many[:-1], "scheduler.field_19=20"]
     name, other_name = variant_dir("q", many).name, variant_dir("q", other).name
     assert len(name) < 200 and name != other_name
+
+
+def test_ctrl_c_while_the_hidden_directory_is_made_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interrupt lands right after the directory exists (as a user's Ctrl-C may): it waits
+    until the clean-up is registered, so the directory goes with the dropped Staging."""
+    import gc
+    import os
+    import signal
+
+    import sim.results.output_dir as output_dir
+
+    real_mkdir = os.mkdir
+
+    def mkdir_then_ctrl_c(path: object, *args: object) -> None:
+        real_mkdir(path, *args)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(output_dir.os, "mkdir", mkdir_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        output_dir.Staging(tmp_path / "run", "--out")
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_staging_dropped_before_its_block_removes_its_directory(tmp_path: Path) -> None:
+    import gc
+
+    stage = Staging(tmp_path / "run", "--out")
+    assert stage.path.is_dir()
+    del stage
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []

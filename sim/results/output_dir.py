@@ -10,6 +10,10 @@ crash, an error or Ctrl-C removes the hidden directory and leaves the old
 result as it was; a `kill -9` can leave the hidden directory, never a half-
 written target. The swap is two renames (old aside, new in); between them the
 target is absent for an instant and the old run sits under `.servesim-old-*`.
+Ctrl-C waits while the hidden directory is made and its clean-up registered,
+and while the two renames run, so neither can be cut in half; a hidden
+directory whose Staging is dropped without a commit (an interrupt before its
+`with` block) is removed when the object goes, or at exit.
 
 Replacing deletes the old directory, so only an empty directory or one holding
 a servesim result (`summary.json`, `compare.csv` or `sweep.csv`) is replaced;
@@ -18,17 +22,35 @@ a servesim result (`summary.json`, `compare.csv` or `sweep.csv`) is replaced;
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import secrets
 import shutil
-from collections.abc import Sequence
+import signal
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
 RESULT_MARKERS = ("summary.json", "compare.csv", "sweep.csv")
 STAGE_PREFIX = ".servesim-"
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until the block ends (POSIX, main thread; elsewhere nothing)."""
+    held = (hasattr(signal, "pthread_sigmask")
+            and threading.current_thread() is threading.main_thread())
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) \
+        if held else None
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class OutputDirError(Exception):
@@ -120,8 +142,10 @@ class Staging:
                 parent.mkdir()
                 self._created.append(parent)
             path = self._fresh(STAGE_PREFIX)
-            os.mkdir(path)
-            self.path = path
+            with _signals_held():
+                os.mkdir(path)
+                self.path = path
+                self._cleanup = weakref.finalize(self, shutil.rmtree, path, True)
         except OSError as err:
             self.abort()
             raise OutputDirError(f"{field} {str(target)!r}: cannot create it: "
@@ -134,11 +158,13 @@ class Staging:
     def commit(self) -> Path:
         """Put the written run in place of the target (the old run, if any, is deleted)."""
         aside = None
-        if os.path.lexists(self.target):
-            aside = self._fresh(STAGE_PREFIX + "old-")
-            os.rename(self.target, aside)
-        os.rename(self.path, self.target)
-        self.committed = True
+        with _signals_held():
+            if os.path.lexists(self.target):
+                aside = self._fresh(STAGE_PREFIX + "old-")
+                os.rename(self.target, aside)
+            os.rename(self.path, self.target)
+            self.committed = True
+            self._cleanup.detach()
         if aside is not None:
             shutil.rmtree(aside, ignore_errors=True)
         return self.target
@@ -147,6 +173,7 @@ class Staging:
         """Remove what was written and the parents made for it; the target is untouched."""
         if hasattr(self, "path"):
             shutil.rmtree(self.path, ignore_errors=True)
+            self._cleanup.detach()
         for parent in reversed(self._created):
             try:
                 parent.rmdir()
