@@ -87,12 +87,30 @@ def run_and_show(*args: str, ok: Sequence[int] = (0,)) -> str:
     return shown(args, servesim(*args, ok=ok))
 
 
+README = REPO / "README.md"
+
+
+def refresh_readme(command_line: str, output: str) -> None:
+    """Replace what the README shows under `$ command_line` with `output` (the same fenced
+    block, the same command line): the README quotes runs, and tests hold it to them."""
+    text = README.read_text()
+    head = f"$ {command_line}\n"
+    start = text.index(head) + len(head)
+    end = text.index("```", start)
+    README.write_text(text[:start] + output.rstrip("\n") + "\n" + text[end:])
+
+
 # -- the steps ----------------------------------------------------------------------
 
+README_CAPACITY = ("capacity", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--context", "8192",
+                   "--batch", "32")
+
+
 def capacity(ctx: Context) -> str:
+    sheet = servesim(*README_CAPACITY)
+    refresh_readme("servesim " + " ".join(README_CAPACITY), sheet)
     return "\n".join([
-        run_and_show("capacity", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--context",
-                     "8192", "--batch", "32"),
+        shown(README_CAPACITY, sheet),
         run_and_show("capacity", "--model", "llama-3.1-8b", "--context", "128k", "--batch", "1"),
         run_and_show("capacity", "--model", "llama-3-70b", ok=(1,)),  # exit 1: does not fit
     ])
@@ -106,6 +124,9 @@ def tokens(ctx: Context) -> str:
 def quickstart(ctx: Context) -> str:
     out = ctx.work / "quickstart"
     text = run_and_show("run", "scenarios/quickstart.yaml", "--timeline", "6", "--out", str(out))
+    printed = text.split("\n", 2)[2].rsplit("```", 1)[0]  # the output, without the fence
+    refresh_readme("servesim run scenarios/quickstart.yaml",
+                   printed.replace(str(out), "results/quickstart"))
     publish(out / "latency_cdf.png", "docs/quickstart_latency_cdf.png")
     publish(out / "timeseries.png", "docs/quickstart_timeseries.png")
     publish(out / "timeline.png", "docs/timeline.png")
@@ -255,10 +276,10 @@ BATCHING_PNG = {"throughput.png": "docs/batching_throughput.png",
 PAGED_PNG = {"throughput.png": "docs/paged_throughput.png", "waste.png": "docs/paged_waste.png"}
 
 STEPS = (
-    Step("capacity", "the capacity sheets the README prints", "2 s", (), capacity),
+    Step("capacity", "the capacity sheets the README prints", "2 s", ("README.md",), capacity),
     Step("tokens", "token counts of docs/tokens_sample.txt", "1 s", (), tokens),
     Step("quickstart", "the worked example, its plots and a 6-request timeline", "2 s",
-         ("docs/quickstart_latency_cdf.png", "docs/quickstart_timeseries.png",
+         ("README.md", "docs/quickstart_latency_cdf.png", "docs/quickstart_timeseries.png",
           "docs/timeline.png"), quickstart),
     Step("slots", "batch slots under static vs continuous batching", "1 s",
          ("docs/slots.png",), slots),

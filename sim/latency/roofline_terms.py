@@ -211,18 +211,18 @@ def cpu_overhead_s(seqs: Any, params: RooflineParams) -> Any:
 FAMILIES: MappingProxyType[str, RooflineParams] = MappingProxyType({
     "ampere": RooflineParams(
         "ampere", bandwidth_efficiency=0.838, compute_efficiency=0.7148,
-        transition_sharpness=3.177, gemm_tile_rows=53.49, gemm_launch_s=6.067e-06,
-        layer_small_s=2.236e-05,
+        transition_sharpness=3.177, gemm_tile_rows=53.49, gemm_launch_s=6.271e-06,
+        layer_small_s=2.154e-05,
         attention_bandwidth_efficiency=0.9523, attention_compute_efficiency=0.7118,
-        attention_launch_s=2.108e-05, cpu_step_s=1.433e-3, cpu_seq_s=4.13e-05,
+        attention_launch_s=2.108e-05, cpu_step_s=0.001433, cpu_seq_s=4.13e-05,
         fitted_on="A100 stacks: Vidur Llama-2-7B/70B, Qwen-72B, Llama-3-8B, phi-2 (tp 1-2); "
                   "attention: the hopper fit; CPU: Vidur A100 host overheads"),
     "hopper": RooflineParams(
         "hopper", bandwidth_efficiency=0.9207, compute_efficiency=0.7065,
-        transition_sharpness=8.474, gemm_tile_rows=128.8, gemm_launch_s=5.512e-06,
-        layer_small_s=2.212e-05,
+        transition_sharpness=8.471, gemm_tile_rows=128.8, gemm_launch_s=5.521e-06,
+        layer_small_s=2.209e-05,
         attention_bandwidth_efficiency=0.9523, attention_compute_efficiency=0.7118,
-        attention_launch_s=2.108e-05, cpu_step_s=1.433e-3, cpu_seq_s=4.13e-05,
+        attention_launch_s=2.108e-05, cpu_step_s=0.001433, cpu_seq_s=4.13e-05,
         fitted_on="H100 stacks: Vidur Llama-2-7B/70B, Qwen-72B, phi-2 (tp 1-2); attention: "
                   "inference-sim H100 decode and prefill; CPU: Vidur A100 host overheads "
                   "(no H100 host data)"),
