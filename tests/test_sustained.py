@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from sim.config.loader import load_scenario
@@ -61,3 +62,40 @@ def test_same_scenario_and_seed_same_statistics(light: dict) -> None:
     again = _summary(4.0)
     for key in ("window", "ci95", "sustained", "sustained_checks"):
         assert json.dumps(again[key], sort_keys=True) == json.dumps(light[key], sort_keys=True)
+
+
+def test_replications_pool_their_estimates_deterministically() -> None:
+    from sim.experiments.replicate import replicate, replication_seeds
+    from sim.experiments.sweep import Backend
+    from sim.results.intervals import spread_interval
+
+    seeds = replication_seeds(0, 3)
+    assert seeds[0] == 0 and len(set(seeds)) == 3 and seeds == replication_seeds(0, 3)
+    assert replication_seeds(1, 3)[1:] != seeds[1:]
+    scenario, base_dir = load_scenario("scenarios/quickstart.yaml", [
+        "workload.arrivals.rate=4", "workload.num_requests=300"])
+    result, pooled = replicate(scenario, base_dir, 3, Backend(jobs=1), show_progress=False)
+    runs = pooled["replication_runs"]
+    assert [r["seed"] for r in runs] == seeds
+    expected = spread_interval(np.array([r["request_throughput"] for r in runs]))
+    got = pooled["ci95"]["request_throughput"]
+    assert got["estimate"] == pytest.approx(expected.estimate)
+    assert got["half_width"] == pytest.approx(expected.half_width)
+    assert pooled["ci95"]["method"] == "independent replications"
+    assert len({r["request_throughput"] for r in runs}) == 3  # the seeds differ
+    _, again = replicate(scenario, base_dir, 3, Backend(jobs=1), show_progress=False)
+    assert json.dumps(jsonable(again), sort_keys=True) == json.dumps(jsonable(pooled),
+                                                                     sort_keys=True)
+    single, nothing = replicate(scenario, base_dir, 1, show_progress=False)
+    assert nothing == {} and single.summary["ci95"]["method"] == "batch means"
+
+
+def test_bad_replications_exit_2_before_any_work(tmp_path, capsys) -> None:
+    from sim.cli import main
+
+    out = tmp_path / "out"
+    assert main(["run", "scenarios/quickstart.yaml", "--replications", "0",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--replications" in err and "got 0" in err and "Traceback" not in err
+    assert not out.exists()

@@ -96,6 +96,8 @@ def window_line(summary: dict[str, Any]) -> str:
     rate = (f"; achieved {ci['estimate']:.2f} [{ci['lo']:.2f}, {ci['hi']:.2f}] of "
             f"{w['offered_rate']:.2f} req/s offered" if ci and ci.get("lo") is not None
             and w.get("offered_rate") is not None else "")
+    reps = summary.get("ci95", {}).get("replications")
+    rate += f" (interval over {reps} replications)" if reps else ""
     verdict = "sustained" if summary.get("sustained") else "NOT sustained (figures transient)"
     start, end = w.get("start_s"), w.get("end_s")
     span = f"{start:.1f}-{end:.1f} s" if start is not None and end is not None else "n/a"
