@@ -28,7 +28,7 @@ NUM_BATCHES = 20
 KEEP_UP = 0.98  # the achieved rate's upper bound must reach this share of the offered rate
 TREND_ALPHA = 0.01
 LATENCY_STATS = (("mean", None), ("median", 50.0), ("p90", 90.0), ("p99", 99.0))
-LATENCIES = ("ttft", "tpot", "itl", "e2el")
+LATENCIES = ("ttft", "tpot", "itl", "e2el", "queue")  # queue: arrival to first scheduled
 RATES = ("request_throughput", "request_goodput", "slo_attainment")
 
 
@@ -82,7 +82,7 @@ def window_intervals(r: dict[str, np.ndarray], window: Window, itl: ITLSlices | 
             centre=float(g.mean()) if g.size else math.nan)
     kept = arriving[r["finished"][arriving]]
     groups = _groups(kept.size, k)
-    for metric in ("ttft", "tpot", "e2el"):
+    for metric in ("ttft", "tpot", "e2el", "queue"):
         col = r[f"{metric}_s"][kept]
         whole = _latency_stats(col)
         per = np.array([_latency_stats(col[ix]) for ix in groups])
