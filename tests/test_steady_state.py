@@ -110,3 +110,28 @@ def test_interval_values() -> None:
     assert centred.lo == pytest.approx(2.5 - ci.half_width)
     assert math.isnan(spread_interval(np.array([1.0])).half_width)
     assert pooled([Interval(1.0, 0.1, 20), Interval(3.0, 0.1, 20)]).estimate == 2.0
+
+
+def test_a_share_interval_stays_in_0_1() -> None:
+    ci = spread_interval(np.array([1.0, 1.0, 0.8])).clipped(0.0, 1.0)
+    assert ci.hi == 1.0 and ci.lo < ci.estimate < 1.0
+    assert ci.as_dict()["hi"] == 1.0
+
+
+def test_in_system_counts_arrived_not_yet_left() -> None:
+    from sim.results.steady_state import in_system_at_arrival
+
+    arrival = np.array([0.0, 1.0, 2.0, 3.0])
+    leave = np.array([2.5, 1.5, 2.0, 10.0])  # request 2 rejected: leaves as it arrives
+    np.testing.assert_array_equal(in_system_at_arrival(arrival, leave), [0, 1, 1, 0])
+
+
+def test_window_cuts_the_fill_from_empty_that_latency_does_not_show() -> None:
+    # every request takes 50 s whatever the load (its own decoding): E2E latency is flat,
+    # but the first 50 s of arrivals find a system still filling up from empty
+    rng = np.random.default_rng(9)
+    arrival = np.cumsum(rng.exponential(0.1, 3000))
+    e2el = 50.0 + rng.normal(0, 1.0, 3000)
+    assert measurement_window(arrival, e2el).excluded_start < 100
+    w = measurement_window(arrival, e2el, arrival + e2el)
+    assert w.start_s > 25.0 and w.excluded_start > 250

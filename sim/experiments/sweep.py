@@ -27,6 +27,7 @@ import yaml
 from sim.config.loader import load_scenario
 from sim.config.scenario import Scenario
 from sim.config.yaml_input import ScenarioError
+from sim.results.steady import window_columns
 
 BACKENDS = ("loky", "dask", "ray")
 WALL_FIELDS = ("wall_s",)
@@ -36,7 +37,8 @@ TABLE_METRICS = ("completed", "rejected", "request_throughput", "output_throughp
                  "kv_waste_fraction", "kv_waste_of_held", "total_preemptions",
                  "max_num_running", "kv_blocks_total")
 SHORT_METRICS = ("completed", "request_throughput", "output_throughput", "p99_ttft_ms",
-                 "p99_tpot_ms", "request_goodput", "slot_utilization", "kv_waste_of_held")
+                 "p99_tpot_ms", "request_goodput", "slot_utilization", "kv_waste_of_held",
+                 "sustained")
 
 
 class SweepError(Exception):
@@ -257,6 +259,7 @@ def sweep(path: str | Path, grid: dict[str, list[Any]], backend: Backend | None 
             raise SweepError(f"{result['error']} (grid point {point_label(point)})")
         row: dict[str, Any] = {k: _cell(v) for k, v in point.items()}
         row.update({m: result.get(m) for m in TABLE_METRICS})
+        row.update(window_columns(result))
         row["wall_s"] = result["wall_s"]
         rows.append(row)
     table = pd.DataFrame(rows)

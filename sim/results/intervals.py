@@ -41,6 +41,26 @@ class Interval:
         return {"estimate": self.estimate, "lo": self.lo, "hi": self.hi,
                 "half_width": self.half_width, "n": self.n}
 
+    def clipped(self, low: float, high: float) -> Interval:
+        """The same interval, its ends cut to [low, high] (a share cannot leave [0, 1])."""
+        return Clipped(self.estimate, self.half_width, self.n, low, high)
+
+
+@dataclass(frozen=True, slots=True)
+class Clipped(Interval):
+    """An interval cut to the values the quantity can take (a share: [0, 1])."""
+
+    low: float = -math.inf
+    high: float = math.inf
+
+    @property
+    def lo(self) -> float:
+        return max(self.estimate - self.half_width, self.low)
+
+    @property
+    def hi(self) -> float:
+        return min(self.estimate + self.half_width, self.high)
+
 
 def t_quantile(n: int, level: float = LEVEL) -> float:
     """The two-sided Student t quantile for `n` samples (n - 1 degrees of freedom)."""

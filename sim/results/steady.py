@@ -2,7 +2,8 @@
 
 Built on the per-request columns (sim.results.requests) and the ITL slices,
 so it reads what both worlds record. The rules (docs/statistics.md):
-- window: MSER-5 on E2E latency in arrival order, from each end (steady_state);
+- window: MSER-5 on E2E latency and on the number in the system each arrival
+  finds, in arrival order, from each end (steady_state);
 - intervals: batch means over the window, `num_batches` of them: time slices
   for the rates, arrival-order groups for attainment and latencies (sectioning
   for percentiles), ITL slices for ITL (intervals);
@@ -77,9 +78,9 @@ def window_intervals(r: dict[str, np.ndarray], window: Window, itl: ITLSlices | 
         good = meets_slo(r, slo)
         out["request_goodput"] = rate_of(finish[done & good])
         g = good[arriving].astype(np.float64)
-        out["slo_attainment"] = spread_interval(
-            np.array([g[ix].mean() for ix in _groups(g.size, k)]),
-            centre=float(g.mean()) if g.size else math.nan)
+        share = spread_interval(np.array([g[ix].mean() for ix in _groups(g.size, k)]),
+                                centre=float(g.mean()) if g.size else math.nan)
+        out["slo_attainment"] = share.clipped(0.0, 1.0)
     kept = arriving[r["finished"][arriving]]
     groups = _groups(kept.size, k)
     for metric in ("ttft", "tpot", "e2el", "queue"):
@@ -112,7 +113,8 @@ def upward_trend(r: dict[str, np.ndarray], window: Window,
 def steady_summary(r: dict[str, np.ndarray], itl: ITLSlices | None, slo: SLO | None,
                    num_batches: int = NUM_BATCHES) -> dict[str, Any]:
     """summary.json's `window`, `ci95` (batch means) and `sustained` from one run."""
-    window = measurement_window(r["arrival_s"], r["e2el_s"])
+    leave_s = np.where(r["finished"], r["finish_s"], r["arrival_s"])
+    window = measurement_window(r["arrival_s"], r["e2el_s"], leave_s)
     if not window.kept >= 2 or not window.duration_s > 0:
         return {"window": _window_dict(window, math.nan), "ci95": {}, "sustained": False,
                 "sustained_checks": {"reason": "fewer than two requests in the window"}}
@@ -128,7 +130,8 @@ def _window_dict(window: Window, offered: float) -> dict[str, Any]:
     return {"start_s": window.start_s, "end_s": window.end_s,
             "excluded_start": window.excluded_start, "excluded_end": window.excluded_end,
             "requests": window.kept, "offered_rate": offered,
-            "rule": "MSER-5 on E2E latency, from the start and from the end"}
+            "rule": "MSER-5 on E2E latency and on the number in the system at arrival, "
+                    "from the start and from the end"}
 
 
 def sustained_block(achieved_hi: float, offered: float, trend_p: Sequence[float]
@@ -159,6 +162,25 @@ def pool_replications(summaries: Sequence[dict[str, Any]], seeds: Sequence[int]
     trend = [p for s in summaries for p in s.get("sustained_checks", {}).get("trend_p_values",
                                                                               [0.0])]
     return {"ci95": ci, **sustained_block(hi, offered, trend)}
+
+
+# table columns of the window's estimates and their 95% intervals (compare and sweep rows)
+WINDOW_COLUMNS = {"request_throughput": "window_throughput",
+                  "request_goodput": "window_goodput", "slo_attainment": "window_attainment",
+                  "p99_ttft_ms": "window_p99_ttft_ms", "p99_tpot_ms": "window_p99_tpot_ms"}
+
+
+def window_columns(summary: dict[str, Any]) -> dict[str, Any]:
+    """A run summary's verdict and window estimates as flat table cells (NaN if absent)."""
+    ci = summary.get("ci95") or {}
+    row: dict[str, Any] = {"sustained": bool(summary.get("sustained", False)),
+                           "window_offered_rate": _f((summary.get("window") or {}).get(
+                               "offered_rate"))}
+    for key, column in WINDOW_COLUMNS.items():
+        interval = ci.get(key) or {}
+        row[column] = _f(interval.get("estimate"))
+        row[f"{column}_lo"], row[f"{column}_hi"] = _f(interval.get("lo")), _f(interval.get("hi"))
+    return row
 
 
 def _f(value: Any) -> float:

@@ -4,9 +4,11 @@ Why: a run starts empty (its first requests meet no queue) and, with a fixed
 request count, ends emptying; a figure averaged over either end is a
 transient, not what the deployment delivers. docs/statistics.md names the rules:
 
-- MSER-5 (White 1997; White, Cobb and Spratt 2000): the series, in arrival
-  order, is cut into batches of 5; truncating the first d batches leaves the
-  mean squared error statistic sum((z_j - mean)^2) / (m - d)^2 over the rest;
+- MSER-5 (White 1997; White, Cobb and Spratt 2000) on two per-request series
+  in arrival order, E2E latency and the number in the system each arrival
+  finds (the later start and earlier end win): a series is cut into batches
+  of 5; truncating the first d batches leaves the mean squared error
+  statistic sum((z_j - mean)^2) / (m - d)^2 over the rest;
   the d that minimises it (searched over the first half) is cut. The same
   rule on the reversed series cuts the final stretch, so the window ends at
   an arrival (never in the drain after the last one).
@@ -65,28 +67,49 @@ class Window:
         return (times_s >= self.start_s) & (times_s <= self.end_s)
 
 
-def measurement_window(arrival_s: np.ndarray, latency_s: np.ndarray) -> Window:
-    """MSER-5 on the per-request `latency_s` (NaN = not finished) in arrival order, from
-    the start and then, on what is left, from the end.
+def in_system_at_arrival(arrival_s: np.ndarray, leave_s: np.ndarray) -> np.ndarray:
+    """How many requests each arrival finds in the system (arrived before it, not yet left),
+    in arrival order; `leave_s` is each request's finish (a rejected one leaves on arrival)."""
+    times = np.sort(np.asarray(arrival_s, dtype=np.float64), kind="stable")
+    leaves = np.sort(np.asarray(leave_s, dtype=np.float64))
+    return np.arange(times.size) - np.searchsorted(leaves, times, side="left")
 
-    The window runs from the first kept finished request's arrival to the last's;
-    every request arriving in it (rejected ones too) counts. Fewer than two kept
-    requests: the whole run.
+
+def _kept_span(times: np.ndarray, series: np.ndarray) -> tuple[float, float] | None:
+    """MSER-5 from the start, then on what is left from the end: the kept arrivals' span."""
+    head = mser_cut(series)
+    tail = mser_cut(series[head:][::-1])
+    kept = times[head: times.size - tail]
+    return (float(kept[0]), float(kept[-1])) if kept.size >= 2 else None
+
+
+def measurement_window(arrival_s: np.ndarray, latency_s: np.ndarray,
+                       leave_s: np.ndarray | None = None) -> Window:
+    """MSER-5 on the per-request `latency_s` (NaN = not finished) in arrival order, from the
+    start and then, on what is left, from the end; with `leave_s` (finish times, a rejected
+    request's arrival) also on the number in the system each arrival finds, cutting the
+    later start and the earlier end of the two.
+
+    Why both: a long-output workload's E2E latency is mostly its own decoding, so its
+    series barely shows the server filling up from empty; the number in the system does,
+    and counting completions from an empty start would understate the throughput by the
+    fill. The window runs from the first kept arrival to the last; every request arriving
+    in it (rejected ones too) counts. Fewer than two kept requests: the whole run.
     """
     arrival_s = np.asarray(arrival_s, dtype=np.float64)
     order = np.argsort(arrival_s, kind="stable")
-    lat = np.asarray(latency_s, dtype=np.float64)[order]
-    finished = np.flatnonzero(~np.isnan(lat))
-    series = lat[finished]
-    head = mser_cut(series)
-    tail = mser_cut(series[head:][::-1])
-    kept = finished[head: finished.size - tail]
     times = arrival_s[order]
-    if kept.size < 2 or times[kept[-1]] <= times[kept[0]]:
-        if times.size == 0:
-            return Window(math.nan, math.nan, 0, 0, 0)
+    if times.size == 0:
+        return Window(math.nan, math.nan, 0, 0, 0)
+    lat = np.asarray(latency_s, dtype=np.float64)[order]
+    done = ~np.isnan(lat)
+    spans = [_kept_span(times[done], lat[done])]
+    if leave_s is not None:
+        spans.append(_kept_span(times, in_system_at_arrival(arrival_s, leave_s)))
+    if any(span is None for span in spans) or max(s[0] for s in spans) >= min(
+            s[1] for s in spans):
         return Window(float(times[0]), float(times[-1]), 0, 0, int(times.size))
-    start_s, end_s = float(times[kept[0]]), float(times[kept[-1]])
+    start_s, end_s = max(s[0] for s in spans), min(s[1] for s in spans)
     before = int(np.searchsorted(times, start_s, side="left"))
     after = int(times.size - np.searchsorted(times, end_s, side="right"))
     return Window(start_s, end_s, before, after, int(times.size - before - after))
