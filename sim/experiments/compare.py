@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from sim.experiments.cache import PointCache
 from sim.experiments.compare_spec import (
     Base,
     VariantSpec,
@@ -141,6 +142,7 @@ class CompareResult:
     slo: pd.DataFrame | None  # one row per variant; None without SLOs in the base
     waste_rate: float
     probes: pd.DataFrame  # every run, bisection probes included
+    reused: int = 0  # runs the point cache gave
 
 
 def _load_sweep(session: _Session) -> list[float]:
@@ -176,12 +178,13 @@ def _waste_rate(table: pd.DataFrame, asked: float | None) -> float:
     return float(ok.max() if len(ok) else table["offered_rate"].min())
 
 
-def run_compare(base: Base, backend: Backend | None = None, progress: bool = True
-                ) -> CompareResult:
+def run_compare(base: Base, backend: Backend | None = None, progress: bool = True,
+                cache: PointCache | None = None) -> CompareResult:
+    """The load sweep, then the SLO search; `cache` reuses and keeps finished points."""
     from tqdm import tqdm
 
     backend = backend or Backend()
-    with open_backend(backend) as runner, tqdm(total=0, unit="run", desc="compare",
+    with open_backend(backend, cache) as runner, tqdm(total=0, unit="run", desc="compare",
                                                 disable=not progress) as bar:
         session = _Session(base, runner, bar)
         rates = _load_sweep(session)
@@ -193,7 +196,7 @@ def run_compare(base: Base, backend: Backend | None = None, progress: bool = Tru
     table = pd.DataFrame(swept)
     probes = pd.DataFrame(list(session.rows.values()))
     waste_rate = _waste_rate(table, base.spec.waste_rate)
-    return CompareResult(table, slo, waste_rate, probes)
+    return CompareResult(table, slo, waste_rate, probes, runner.reused)
 
 
 def write_compare(result: CompareResult, out_dir: Path, plots: bool = True) -> list[Path]:
