@@ -220,6 +220,7 @@ def _plain_number(value: float, _position: object = None) -> str:
 def sweep_figure(table: pd.DataFrame, grid_keys: list[str]) -> Figure:
     """Peak concurrency, TTFT, TPOT and throughput against the sweep's first numeric key.
 
+    Shaded: the measurement window's 95% interval of the p99s (sim.results.steady).
     One colour per value of the other grid keys (e.g. per arrival rate when the
     x axis is the prompt length), the same in every panel; p50 solid, p99
     dashed; log-2 x when the values span a factor of 8.
@@ -242,6 +243,12 @@ def sweep_figure(table: pd.DataFrame, grid_keys: list[str]) -> Figure:
                     name = " ".join(p for p in (label, what) if p) or ylabel
                     ax.plot(*_xy(rows, x, column), marker="o", color=f"C{i % 10}",
                             linestyle=_STAT_STYLES.get(what, "-"), label=name)
+                    band = f"window_{column}"  # the steady-state 95% CI, where the row has it
+                    if f"{band}_lo" in rows and rows[f"{band}_lo"].notna().any():
+                        ax.fill_between(rows[x].to_numpy(dtype=np.float64),
+                                        rows[f"{band}_lo"].to_numpy(dtype=np.float64),
+                                        rows[f"{band}_hi"].to_numpy(dtype=np.float64),
+                                        color=f"C{i % 10}", alpha=0.15, linewidth=0)
         if x is not None and table[x].min() > 0 and table[x].max() >= 8 * table[x].min():
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(FuncFormatter(_plain_number))  # 4,096, not 2^12
