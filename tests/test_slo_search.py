@@ -13,23 +13,40 @@ from sim.experiments.run import run_scenario
 from sim.experiments.slo_search import Lengthening
 
 
-@pytest.mark.parametrize(("spec", "variant", "rate"), [
-    ("scenarios/batching_policies.yaml", "continuous (paged)", 32.0),
-    ("scenarios/paged_vs_contiguous.yaml", "paged", 20.0)])
+@pytest.mark.parametrize(("spec", "variant"), [
+    ("scenarios/batching_policies.yaml", "continuous (paged)"),
+    ("scenarios/paged_vs_contiguous.yaml", "paged")])
 def test_a_short_run_that_meets_the_slo_while_its_queue_grows_is_not_sustained(
-        spec: str, variant: str, rate: float) -> None:
-    """The issue's cases (the rates published before): 600 requests "meet" the SLOs
-    (attainment >= 0.9 over the run), yet the queue grows (3,000 requests: attainment
-    0.18-0.25): the run must come out unsustained."""
+        spec: str, variant: str) -> None:
+    """The issue's case: above capacity, 600 requests "meet" the SLOs (attainment >= 0.9 over
+    the run, the rule the search used) while the queue grows (3,000 requests: attainment
+    under 0.5). Such a run must come out unsustained. Capacity is measured, not assumed: the
+    achieved rate of a long overloaded run."""
     base = load_spec(spec)
     v = next(x for x in base.spec.variants if x.name == variant)
-    short = run_scenario(base.scenario(v, rate), base.base_dir, show_progress=False).summary
-    assert short["completed"] == 600 and short["slo_attainment"] >= base.spec.slo_threshold
-    assert short["sustained"] is False
-    assert short["sustained_checks"]["upward_trend"]
-    long = run_scenario(base.scenario(v, rate, 3000), base.base_dir,
-                        show_progress=False).summary
-    assert long["slo_attainment"] < 0.5 and long["sustained"] is False
+
+    def summary(rate: float, n: int) -> dict:
+        return run_scenario(base.scenario(v, rate, n), base.base_dir,
+                            show_progress=False).summary
+
+    capacity = summary(64.0, 3000)["ci95"]["request_throughput"]["estimate"]
+    false_passes = []  # short runs that meet the SLOs where long ones do not
+    for factor in (1.05, 1.1, 1.15, 1.2, 1.3, 1.4):
+        short = summary(capacity * factor, 600)
+        if (short["slo_attainment"] >= base.spec.slo_threshold
+                and summary(capacity * factor, 3000)["slo_attainment"] < 0.5):
+            false_passes.append((factor, short))
+    assert false_passes, "the short-run false pass did not reproduce"
+    for factor, short in false_passes:
+        # the search's rule: lengthen an accepted-looking run until its achieved rate is
+        # known within 5%; before that or then, it must come out unsustained
+        n, run = 600, short
+        while run["sustained"]:
+            tput = run["ci95"]["request_throughput"]
+            assert (tput["hi"] - tput["estimate"]) / tput["estimate"] > 0.05, (factor, n)
+            n *= 2
+            run = summary(capacity * factor, n)
+    assert not false_passes[-1][1]["sustained"]  # far enough above: one short run tells
 
 
 def _row(rate: float, n: int, capacity: float) -> dict[str, Any]:

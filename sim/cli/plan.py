@@ -23,13 +23,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="which percentile of TTFT and TPOT must meet the bounds")
     p.add_argument("--price", default=None, metavar="GPU=USD,...",
                    help="$/GPU-hour per GPU type: cost in $/hour instead of GPU count")
-    p.add_argument("--max-replicas", type=int, default=32)
+    p.add_argument("--max-replicas", type=int, default=32,
+                   help="most replicas a candidate is simulated with")
     p.add_argument("--requests", type=int, default=2000, help="requests per simulated fleet")
     p.add_argument("--jobs", type=int, default=None, help="parallel simulations")
-    p.add_argument("--backend", default="loky", choices=("loky", "dask", "ray"))
+    p.add_argument("--backend", default="loky", choices=("loky", "dask", "ray"),
+                   help="joblib backend: local processes, a Dask or a Ray cluster")
     p.add_argument("--out", help="output directory (default results/plan_<scenario>)")
-    p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--no-plots", action="store_true", help="skip plan.png")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no answer printed")
     p.set_defaults(func=_plan)
 
 
