@@ -3,6 +3,7 @@ retried, and the results identical to an uninterrupted run."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -69,24 +70,22 @@ def _forbidden(task: Task) -> dict:
     raise AssertionError("a cached point ran again")
 
 
-def _die_once(task: Task) -> dict:
-    """Kill this worker the first time a marker is missing; run the task after."""
-    marker = Path(os.environ["SERVESIM_TEST_MARKER"])
+def _die_once(marker: Path, task: Task) -> dict:
+    """Kill this worker the first time `marker` is missing; run the task after."""
     if task.scenario.workload.arrivals.rate == 8.0 and not marker.exists():
         marker.write_text("died")
         os._exit(1)
     return run_task(task)
 
 
-def test_a_dead_worker_is_retried_with_identical_results(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dead_worker_is_retried_with_identical_results(tmp_path: Path) -> None:
     cloudpickle = pytest.importorskip("cloudpickle")  # what loky pickles tasks with
 
-    monkeypatch.setenv("SERVESIM_TEST_MARKER", str(tmp_path / "marker"))
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
         tasks = _tasks(tmp_path, [4.0, 8.0, 16.0])
-        results = Runner(2, False, work=_die_once).run(tasks)
+        work = functools.partial(_die_once, tmp_path / "marker")
+        results = Runner(2, False, work=work).run(tasks)
     finally:
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     assert (tmp_path / "marker").exists()  # a worker did die
