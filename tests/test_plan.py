@@ -46,7 +46,7 @@ def test_the_replica_bound_is_never_beaten_by_the_simulator() -> None:
     r = run_scenario(scenario, base_dir, show_progress=False).recorder.request_arrays()
     bound = replica_bound_rps(scenario.model_spec, scenario.hardware_spec, 1,
                               float(r["prompt_tokens"].mean()), float(r["output_tokens"].mean()),
-                              0.9, 2.0, 256, 8192)
+                              0.9, 256, 8192)
     achieved = summary["ci95"]["request_throughput"]["estimate"]
     assert not summary["sustained"]  # saturated: the achieved rate is its capacity
     assert achieved <= bound

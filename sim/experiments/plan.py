@@ -49,18 +49,16 @@ class Candidate:
 
 
 def replica_bound_rps(model: ModelSpec, hw: HardwareSpec, tp: int, mean_prompt: float,
-                      mean_output: float, memory_utilization: float, dtype_bytes: float,
+                      mean_output: float, memory_utilization: float,
                       max_num_seqs: int, max_num_batched_tokens: int) -> float:
     """An upper bound on one replica's request rate (see the module docstring)."""
     context = max(int(mean_prompt + mean_output / 2), 1)
-    reserve = activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs,
-                                       dtype_bytes, tp)
+    reserve = activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs, tp)
     batch = min(max_concurrency(model, hw, context, tp, memory_utilization,
-                                dtype_bytes=dtype_bytes, activation_reserve=reserve),
-                max_num_seqs)
+                                activation_reserve=reserve), max_num_seqs)
     if batch < 1:
         return 0.0
-    decode_tokens_per_s = batch / decode_step_floor_s(model, hw, batch, context, tp, dtype_bytes)
+    decode_tokens_per_s = batch / decode_step_floor_s(model, hw, batch, context, tp)
     flops_per_request = (mean_prompt + mean_output) * flops_per_token(model, context, tp)
     return min(decode_tokens_per_s / max(mean_output, 1.0),
                hw.bf16_flops_per_s / flops_per_request)
@@ -68,7 +66,7 @@ def replica_bound_rps(model: ModelSpec, hw: HardwareSpec, tp: int, mean_prompt: 
 
 def candidates(model: ModelSpec, gpus: Mapping[str, HardwareSpec], tps: Sequence[int],
                rate: float, longest_tokens: int, mean_prompt: float, mean_output: float,
-               memory_utilization: float = 0.9, dtype_bytes: float = 2.0,
+               memory_utilization: float = 0.9,
                max_num_seqs: int = 256, max_num_batched_tokens: int = 8192
                ) -> list[Candidate]:
     """Every GPU x TP with whether it fits and the fewest replicas that could sustain `rate`."""
@@ -80,16 +78,15 @@ def candidates(model: ModelSpec, gpus: Mapping[str, HardwareSpec], tps: Sequence
             except ValueError as err:
                 out.append(Candidate(name, tp, False, str(err), 0.0, 0))
                 continue
-            reserve = activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs,
-                                               dtype_bytes, tp)
+            reserve = activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs, tp)
             room = max_concurrency(model, hw, longest_tokens, tp, memory_utilization,
-                                   dtype_bytes=dtype_bytes, activation_reserve=reserve)
+                                   activation_reserve=reserve)
             if room < 1:
                 out.append(Candidate(name, tp, False, f"no KV room for one {longest_tokens}-"
                                      "token request beside the weights", 0.0, 0))
                 continue
             bound = replica_bound_rps(model, hw, tp, mean_prompt, mean_output,
-                                      memory_utilization, dtype_bytes, max_num_seqs,
+                                      memory_utilization, max_num_seqs,
                                       max_num_batched_tokens)
             out.append(Candidate(name, tp, True, None, bound, max(1, math.ceil(rate / bound))))
     return out

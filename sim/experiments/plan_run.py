@@ -101,8 +101,7 @@ def run_plan(q: PlanQuestion, backend: Backend | None = None, progress: bool = T
     mean_prompt, mean_output, longest = _workload_shape(q)
     found = candidates(model, {g: get_hardware(g) for g in q.gpus}, q.tps, q.rate, longest,
                        mean_prompt, mean_output, base.hardware.memory_utilization,
-                       base.kv.dtype_bytes, base.scheduler.max_num_seqs,
-                       base.scheduler.max_num_batched_tokens)
+                       base.scheduler.max_num_seqs, base.scheduler.max_num_batched_tokens)
     pruned = [{"gpu": c.gpu, "tp": c.tp, "why": c.reason} for c in found if not c.fits]
     for c in found:
         if c.fits and c.min_replicas > q.max_replicas:
