@@ -22,6 +22,7 @@ from sim.core.kv import KVBudget, KVManager, PagedBlockManager
 from sim.core.schedulers import Scheduler, SchedulerSettings
 from sim.core.schedulers import build_scheduler as build_policy
 from sim.latency import LatencyModel
+from sim.latency.fixed import FixedLatency
 from sim.latency.roofline import RooflineLatency
 from sim.latency.table_files import open_table_latency
 from sim.latency.table_format import TableError
@@ -126,6 +127,8 @@ def build_replica(scenario: Scenario, budget: KVBudget, device: str | None = Non
 def build_latency(scenario: Scenario, base_dir: Path | None = None) -> LatencyModel:
     """The scenario's latency model; a table's path is relative to `base_dir` (the scenario's)."""
     cfg = scenario.latency
+    if cfg.model == "fixed" and cfg.step_ms is not None:
+        return FixedLatency(cfg.step_ms / 1e3)
     if cfg.model == "table" and cfg.path is not None:
         model, tp = scenario.model_spec, scenario.hardware.count
         # swaps cross the scenario GPU's host link, as in the roofline model

@@ -68,10 +68,12 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
 
     import sim.experiments.compare
     import sim.experiments.run
+    import sim.experiments.runner
     import sim.experiments.sweep
 
     monkeypatch.setattr(sim.experiments.run, "run_scenario", forbidden)
     monkeypatch.setattr(sim.experiments.sweep, "run_task", forbidden)
+    monkeypatch.setattr(sim.experiments.runner, "run_task", forbidden)
     monkeypatch.setattr(sim.experiments.compare, "run_compare", forbidden)
 
 

@@ -406,7 +406,7 @@ def test_scenario_path_is_relative_to_the_file(table_dir: Path, tmp_path: Path,
     ({"model": "table", "path": "t", "compute_efficiency": 0.5},
      "latency.compute_efficiency: tunes the roofline model only"),
     ({"path": "t"}, "latency.path: only model table reads a table directory"),
-    ({"model": "lookup"}, "latency.model: Input should be 'roofline' or 'table'"),
+    ({"model": "lookup"}, "latency.model: Input should be 'roofline', 'table' or 'fixed'"),
 ])
 def test_scenario_latency_section_is_validated(tmp_path: Path, latency: dict,
                                                message: str) -> None:

@@ -70,6 +70,8 @@ def test_readme_worked_example_is_what_the_simulator_gives(
                  str(tmp_path)]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert _metrics_block(shown) == _metrics_block(printed)
+    window = [line for line in printed if line.startswith("Window ")]
+    assert window and window[0] in shown  # the steady-state line, as printed
 
 
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")

@@ -86,7 +86,8 @@ def test_cli_writes_tables_and_no_plots_unless_asked(tiny: Path, tmp_path: Path,
                  "--out", str(out)])
     stdout, err = capsys.readouterr()
     assert code == 0, err
-    assert "| workload.arrivals.rate |" in stdout and "2 runs; results in" in stdout
+    assert "| workload.arrivals.rate |" in stdout
+    assert "2 runs (0 reused from .servesim-cache/); results in" in stdout
     frame = pd.read_csv(out / "sweep.csv")
     assert frame["workload.arrivals.rate"].tolist() == [4, 8]
     assert (out / "sweep.md").read_text().startswith("| workload.arrivals.rate |")

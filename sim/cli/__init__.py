@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         engine,
         experiments,
         explain,
+        plan,
         run,
         schema,
         serve,
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_run(sub)
     experiments.add_compare(sub)
     experiments.add_sweep(sub)
+    plan.register(sub)
     capacity.register(sub)
     schema.register(sub)
     tokens.register(sub)

@@ -38,6 +38,7 @@ def add_sweep(sub: argparse._SubParsersAction) -> None:
 
 def _sweep(args: argparse.Namespace) -> int:
     from sim.config.yaml_input import ScenarioError
+    from sim.experiments.cache import CACHE_DIR, PointCache
     from sim.experiments.sweep import (
         SHORT_METRICS,
         Backend,
@@ -61,7 +62,7 @@ def _sweep(args: argparse.Namespace) -> int:
     with stage:
         try:
             table = sweep(args.scenario, grid, backend, stage.path, plots=args.plots,
-                          progress=not args.quiet)
+                          progress=not args.quiet, cache=PointCache.beside(out_dir))
         except (SweepError, ScenarioError, ValueError, FileNotFoundError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -70,7 +71,8 @@ def _sweep(args: argparse.Namespace) -> int:
     if not args.quiet:
         short = [c for c in table.columns if c in grid or c in SHORT_METRICS]
         print(markdown_table(table[short]), end="")
-        print(f"{len(table)} runs; results in {out_dir}/")
+        reused = table.attrs.get("reused", 0)
+        print(f"{len(table)} runs ({reused} reused from {CACHE_DIR}/); results in {out_dir}/")
     return 0
 
 
@@ -84,6 +86,7 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
 
 def _compare(args: argparse.Namespace) -> int:
     from sim.config.yaml_input import ScenarioError
+    from sim.experiments.cache import CACHE_DIR, PointCache
     from sim.experiments.compare import format_compare, load_spec, run_compare, write_compare
     from sim.experiments.sweep import Backend, SweepError
     from sim.results.output_dir import OutputDirError, Staging
@@ -100,7 +103,8 @@ def _compare(args: argparse.Namespace) -> int:
         return 2
     with stage:
         try:
-            result = run_compare(base, backend, progress=not args.quiet)
+            result = run_compare(base, backend, progress=not args.quiet,
+                                 cache=PointCache.beside(out_dir))
         except (SweepError, ScenarioError, ValueError, FileNotFoundError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -108,5 +112,6 @@ def _compare(args: argparse.Namespace) -> int:
         stage.commit()
     if not args.quiet:
         print(format_compare(result))
-        print(f"results in {out_dir}/")
+        print(f"{len(result.probes)} runs ({result.reused} reused from {CACHE_DIR}/); "
+              f"results in {out_dir}/")
     return 0

@@ -21,6 +21,13 @@ def add_run(sub: argparse._SubParsersAction) -> None:
                                  "whole by the new run")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+    p.add_argument("--replications", type=int, default=1, metavar="N",
+                   help="independent replications (seeds derived from the scenario's): the "
+                        "ci95 block comes from their spread instead of batch means in one run")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="parallel replications (default: every CPU)")
+    p.add_argument("--backend", default="loky", choices=("loky", "dask", "ray"),
+                   help="joblib backend for the replications")
     p.add_argument("--timeline", type=int, default=0, metavar="N",
                    help="trace N requests spread over the run: timeline.csv and timeline.png")
     p.set_defaults(func=_run)
@@ -30,9 +37,11 @@ def _run(args: argparse.Namespace) -> int:
     from sim.config.loader import load_scenario
     from sim.config.yaml_input import ScenarioError
     from sim.experiments.outputs import write_outputs
+    from sim.experiments.replicate import MAX_REPLICATIONS, replicate
     from sim.experiments.run import run_scenario
+    from sim.experiments.sweep import Backend
     from sim.results.output_dir import OutputDirError, Staging, variant_dir
-    from sim.results.report import format_summary
+    from sim.results.report import format_summary, jsonable
 
     try:
         scenario, base_dir = load_scenario(args.scenario, args.overrides)
@@ -41,6 +50,13 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     for note in scenario.model_notes:
         print(f"note: model: {note}", file=sys.stderr)
+    if not 1 <= args.replications <= MAX_REPLICATIONS:
+        print(f"error: --replications: must be 1..{MAX_REPLICATIONS}, got {args.replications}",
+              file=sys.stderr)
+        return 2
+    if args.jobs is not None and args.jobs < 1:
+        print(f"error: --jobs: must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
     if args.timeline < 0:
         print(f"error: --timeline: must be >= 0 requests to trace, got {args.timeline}",
               file=sys.stderr)
@@ -54,8 +70,12 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     with stage:
         try:
-            result = run_scenario(scenario, base_dir, show_progress=not args.quiet,
-                                  timeline=args.timeline)
+            if args.replications > 1:
+                result, _ = replicate(scenario, base_dir, args.replications,
+                                      Backend(args.backend, args.jobs), not args.quiet)
+            else:
+                result = run_scenario(scenario, base_dir, show_progress=not args.quiet,
+                                      timeline=args.timeline)
         except (ValueError, FileNotFoundError) as err:  # e.g. a missing trace, no room for KV
             print(f"error: {args.scenario or 'default scenario'}: {err}", file=sys.stderr)
             return 2
@@ -68,7 +88,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"scenario {scenario.name}: {model.name} on {hw.name} x{scenario.hardware.count}"
               f"{fleet}, {scenario.scheduler.policy} batching, {result.num_blocks} KV blocks of "
               f"{scenario.kv.block_size} tokens, latency model: {result.latency_name}")
-        print(format_summary(result.summary))
+        print(format_summary(jsonable(result.summary)))
         print(f"simulated in {result.wall_s:.2f} s wall; results in {out_dir}/")
     return 0
 

@@ -128,11 +128,13 @@ class KVConfig(StrictModel):
 
 class LatencyConfig(StrictModel):
     """roofline: from the model and GPU specs (the knobs below tune it); table: a fitted
-    calibration table directory (`servesim calibrate fit`), `path` relative to the scenario."""
+    calibration table directory (`servesim calibrate fit`), `path` relative to the scenario;
+    fixed: every step takes step_ms (queueing-theory checks, what-ifs)."""
 
-    model: Literal["roofline", "table"] = Field(
+    model: Literal["roofline", "table", "fixed"] = Field(
         "roofline", description="roofline: step time from FLOPs and bytes, needs no "
-        "calibration; table: a fitted calibration table")
+        "calibration; table: a fitted calibration table; fixed: every step takes step_ms")
+    step_ms: float | None = Field(None, gt=0.0, description="fixed: the time of every step")
     path: str | None = Field(None, min_length=1, description="table: the calibration table "
                              "directory, relative to the scenario file")
     step_overhead_ms: float | None = Field(
@@ -151,6 +153,18 @@ class LatencyConfig(StrictModel):
 
     def problem(self) -> str | None:
         """A 'latency.<field>: why' message when the options do not suit `model`."""
+        if self.model == "fixed":
+            if self.step_ms is None:
+                return "latency.step_ms: model fixed needs the time of every step, in ms (> 0)"
+            tuning = [k for k in ("step_overhead_ms", "seq_overhead_ms", "compute_efficiency",
+                                  "bandwidth_efficiency") if getattr(self, k) is not None]
+            if tuning or self.path is not None:
+                field = tuning[0] if tuning else "path"
+                return (f"latency.{field}: does not apply to model fixed (every step takes "
+                        f"step_ms)")
+            return None
+        if self.step_ms is not None:
+            return (f"latency.step_ms: only model fixed reads it, got model {self.model!r}")
         if self.model == "table":
             if self.path is None:
                 return ("latency.path: model table needs the calibration table directory "

@@ -18,17 +18,15 @@ from typing import Any
 
 import pandas as pd
 
+from sim.experiments.cache import PointCache
 from sim.experiments.compare_spec import (
     Base,
-    Bracket,
     VariantSpec,
     auto_next,
-    bisect_max_rate,
-    bracket,
-    is_sustained,
     knee_midpoints,
     load_spec,
 )
+from sim.experiments.slo_search import slo_search
 from sim.experiments.sweep import (
     Backend,
     Runner,
@@ -37,6 +35,7 @@ from sim.experiments.sweep import (
     open_backend,
     write_table,
 )
+from sim.results.steady import window_columns
 
 __all__ = ["CompareResult", "load_spec", "run_compare", "write_compare"]
 _COPIED = ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
@@ -48,20 +47,30 @@ MD_COLUMNS = {"variant": "variant", "offered_rate": "offered req/s",
               "request_throughput": "req/s", "output_throughput": "out tok/s",
               "median_ttft_ms": "TTFT p50 ms", "p99_ttft_ms": "TTFT p99 ms",
               "median_tpot_ms": "TPOT p50 ms", "p99_tpot_ms": "TPOT p99 ms",
-              "request_goodput": "goodput req/s", "slot_utilization": "slot util",
+              "request_goodput": "goodput req/s", "window_goodput": "goodput (window)",
+              "window_attainment": "attainment (window)", "slot_utilization": "slot util",
               "kv_waste_of_held": "KV waste (held)", "kv_waste_fraction": "KV waste (pool)",
               "prefix_hit_rate": "prefix hit rate",
               "tokens_per_s_per_user": "tok/s/user",
               "tokens_per_s_per_gpu": "tok/s/GPU", "sustained": "sustained"}
 SHORT = {"variant": "variant", "offered_rate": "rate", "request_throughput": "req/s",
          "output_throughput": "tok/s", "p99_ttft_ms": "p99 TTFT ms", "p99_tpot_ms": "p99 TPOT ms",
-         "request_goodput": "goodput", "slot_utilization": "slot util",
+         "request_goodput": "goodput", "window_attainment": "attain", "sustained": "sustained",
+         "slot_utilization": "slot util",
          "kv_waste_of_held": "KV waste", "prefix_hit_rate": "hit rate"}
+
+
+_LATENCY_SHOWN = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")
 
 
 def _shown(table: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
     """The named columns, less those no run measured (all NaN, e.g. hit rate w/o caching)."""
-    view = table[list(columns)].rename(columns=columns)
+    view = table[list(columns)].copy()
+    if "sustained" in table:  # an unsustained run's latencies are a transient's
+        for key in (k for k in _LATENCY_SHOWN if k in columns):
+            view[key] = [f"{v:.4g} transient" if not ok and v == v else v
+                         for v, ok in zip(table[key], table["sustained"], strict=True)]
+    view = view.rename(columns=columns)
     return view.loc[:, ~view.isna().all()]
 
 
@@ -85,7 +94,8 @@ def make_row(variant: str, rate: float, result: dict[str, Any], gpus: int) -> di
     row["tokens_per_s_per_user"] = 1000.0 / mean_tpot if mean_tpot > 0 else math.nan
     row["gpus"] = gpus
     row["tokens_per_s_per_gpu"] = row["output_throughput"] / gpus
-    row["sustained"] = is_sustained(row)
+    row["num_requests"] = count
+    row.update(window_columns(result))  # sim.results.steady: the verdict, the window's CIs
     row["request_stream"] = result["request_stream"]
     row["wall_s"] = result["wall_s"]
     return row
@@ -96,29 +106,31 @@ class _Session:
 
     def __init__(self, base: Base, runner: Runner, bar: Any) -> None:
         self.base, self.runner, self.bar = base, runner, bar
-        self.rows: dict[tuple[str, float], dict[str, Any]] = {}
+        # (variant, rate, requests): None = the base scenario's length
+        self.rows: dict[tuple[str, float, int | None], dict[str, Any]] = {}
 
-    def run(self, pairs: list[tuple[VariantSpec, float]]) -> list[dict[str, Any]]:
-        todo = list(dict.fromkeys((v.name, r) for v, r in pairs if (v.name, r) not in self.rows))
-        variants = {v.name: v for v, _ in pairs}
+    def run(self, pairs: list[tuple[VariantSpec, float, int | None]]) -> list[dict[str, Any]]:
+        keys = [(v.name, r, n) for v, r, n in pairs]
+        todo = list(dict.fromkeys(k for k in keys if k not in self.rows))
+        variants = {v.name: v for v, _, _ in pairs}
         if todo:
             self.bar.total = (self.bar.total or 0) + len(todo)
             self.bar.refresh()
-            tasks = [self.base.task(variants[name], rate) for name, rate in todo]
+            tasks = [self.base.task(variants[name], rate, n) for name, rate, n in todo]
             results = self.runner.run(tasks, self.bar)
-            for (name, rate), task, result in zip(todo, tasks, results, strict=True):
+            for (name, rate, n), task, result in zip(todo, tasks, results, strict=True):
                 if "error" in result:
                     raise SweepError(f"variant {name!r} at {rate:g} req/s: {result['error']}")
                 # a variant may change the TP degree; a fleet has replicas x TP GPUs
                 gpus = task.scenario.hardware.count * task.scenario.replicas
-                self.rows[(name, rate)] = make_row(name, rate, result, gpus)
+                self.rows[(name, rate, n)] = make_row(name, rate, result, gpus)
             self._check_streams()
-        return [self.rows[(v.name, r)] for v, r in pairs]
+        return [self.rows[k] for k in keys]
 
     def _check_streams(self) -> None:
-        seen: dict[float, tuple[str, str]] = {}
-        for (name, rate), row in self.rows.items():
-            first = seen.setdefault(rate, (name, row["request_stream"]))
+        seen: dict[tuple[float, int | None], tuple[str, str]] = {}
+        for (name, rate, n), row in self.rows.items():
+            first = seen.setdefault((rate, n), (name, row["request_stream"]))
             if first[1] != row["request_stream"]:
                 raise RuntimeError(f"at {rate:g} req/s variants {first[0]!r} and {name!r} "
                                    "served different request streams")
@@ -130,6 +142,7 @@ class CompareResult:
     slo: pd.DataFrame | None  # one row per variant; None without SLOs in the base
     waste_rate: float
     probes: pd.DataFrame  # every run, bisection probes included
+    reused: int = 0  # runs the point cache gave
 
 
 def _load_sweep(session: _Session) -> list[float]:
@@ -137,51 +150,21 @@ def _load_sweep(session: _Session) -> list[float]:
     variants = spec.variants
     if isinstance(spec.rates, list):
         rates = sorted(set(spec.rates))
-        session.run([(v, r) for r in rates for v in variants])
+        session.run([(v, r, None) for r in rates for v in variants])
         return rates
     history: dict[str, list[dict[str, Any]]] = {v.name: [] for v in variants}
     rate, rates = spec.auto.start, []
     while True:
         rates.append(rate)
-        for v, row in zip(variants, session.run([(v, rate) for v in variants]), strict=True):
+        for v, row in zip(variants, session.run([(v, rate, None) for v in variants]),
+                          strict=True):
             history[v.name].append(row)
         if not auto_next(history, spec.auto):
             break
         rate *= 2
     mids = knee_midpoints(history)
-    session.run([(v, r) for r in mids for v in variants])
+    session.run([(v, r, None) for r in mids for v in variants])
     return sorted({*rates, *mids})
-
-
-def _slo_search(session: _Session, rates: list[float]) -> pd.DataFrame | None:
-    base = session.base
-    spec = base.spec
-    slo = base.scenario(VariantSpec(name="base"), rates[0]).slo
-    if slo is None or all(b is None for b in (slo.ttft_ms, slo.tpot_ms, slo.e2el_ms)):
-        return None
-    variants = {v.name: v for v in spec.variants}
-
-    def met(row: dict[str, Any]) -> bool:
-        return _num(row["slo_attainment"]) >= spec.slo_threshold
-
-    def evaluate(probes: dict[str, float]) -> dict[str, bool]:
-        rows = session.run([(variants[n], r) for n, r in probes.items()])
-        return {n: met(row) for n, row in zip(probes, rows, strict=True)}
-
-    start = {n: bracket([(r, met(session.rows[(n, r)])) for r in rates]) for n in variants}
-    found = bisect_max_rate(start, spec.bisect_steps, evaluate)
-    return pd.DataFrame([_slo_row(session, n, b) for n, b in found.items()])
-
-
-def _slo_row(session: _Session, name: str, b: Bracket) -> dict[str, Any]:
-    row = session.rows.get((name, b.lo)) if b.lo is not None else None
-    if row is None:
-        row = {"slo_attainment": math.nan, "request_goodput": math.nan, "gpus": 1,
-               "tokens_per_s_per_gpu": math.nan}
-    return {"variant": name, "max_slo_rate": _num(b.lo), "first_failing_rate": _num(b.hi),
-            "slo_attainment": row["slo_attainment"], "request_goodput": row["request_goodput"],
-            "goodput_per_gpu": row["request_goodput"] / row["gpus"],
-            "tokens_per_s_per_gpu": row["tokens_per_s_per_gpu"]}
 
 
 def _waste_rate(table: pd.DataFrame, asked: float | None) -> float:
@@ -195,24 +178,25 @@ def _waste_rate(table: pd.DataFrame, asked: float | None) -> float:
     return float(ok.max() if len(ok) else table["offered_rate"].min())
 
 
-def run_compare(base: Base, backend: Backend | None = None, progress: bool = True
-                ) -> CompareResult:
+def run_compare(base: Base, backend: Backend | None = None, progress: bool = True,
+                cache: PointCache | None = None) -> CompareResult:
+    """The load sweep, then the SLO search; `cache` reuses and keeps finished points."""
     from tqdm import tqdm
 
     backend = backend or Backend()
-    with open_backend(backend) as runner, tqdm(total=0, unit="run", desc="compare",
+    with open_backend(backend, cache) as runner, tqdm(total=0, unit="run", desc="compare",
                                                 disable=not progress) as bar:
         session = _Session(base, runner, bar)
         rates = _load_sweep(session)
-        slo = _slo_search(session, rates)
+        slo = slo_search(session, rates)
     order = {v.name: i for i, v in enumerate(base.spec.variants)}
-    swept = [row for (name, rate), row in sorted(session.rows.items(),
-                                                  key=lambda kv: (order[kv[0][0]], kv[0][1]))
-             if rate in rates]
+    swept = [row for (name, rate, n), row in sorted(
+        session.rows.items(), key=lambda kv: (order[kv[0][0]], kv[0][1], kv[0][2] or 0))
+             if rate in rates and n is None]
     table = pd.DataFrame(swept)
     probes = pd.DataFrame(list(session.rows.values()))
     waste_rate = _waste_rate(table, base.spec.waste_rate)
-    return CompareResult(table, slo, waste_rate, probes)
+    return CompareResult(table, slo, waste_rate, probes, runner.reused)
 
 
 def write_compare(result: CompareResult, out_dir: Path, plots: bool = True) -> list[Path]:
@@ -242,6 +226,19 @@ def format_compare(result: CompareResult) -> str:
     short = _shown(result.table, SHORT)
     text = short.to_string(index=False, float_format=lambda x: f"{x:.3g}")
     if result.slo is not None:
-        text += "\n\nHighest rate meeting the SLOs (goodput per GPU):\n"
-        text += result.slo.to_string(index=False, float_format=lambda x: f"{x:.3g}")
+        text += "\n\nHighest sustained rate meeting the SLOs:\n"
+        text += "\n".join(slo_line(row) for row in result.slo.to_dict("records"))
     return text
+
+
+def slo_line(row: dict[str, Any]) -> str:
+    """One variant's answer: the rate and its bracket, attainment with its CI, the run length."""
+    name, lo, hi = row["variant"], row["max_slo_rate"], row["first_failing_rate"]
+    if math.isnan(lo):  # no rate met
+        return f"  {name}: no sustained rate met the SLOs (lowest tried fails at {hi:.3g} req/s)"
+    upper = "not found" if math.isnan(hi) else f"{hi:.3g}"
+    text = (f"  {name}: {lo:.3g} req/s (boundary in [{lo:.3g}, {upper})), attainment "
+            f"{row['slo_attainment']:.3f} [{row['slo_attainment_lo']:.3f}, "
+            f"{row['slo_attainment_hi']:.3f}], goodput {row['request_goodput']:.3g} req/s, "
+            f"{row['requests']} requests a run")
+    return text + (f"; {row['note']}" if isinstance(row.get("note"), str) else "")

@@ -63,6 +63,15 @@ class CompareSpec(_Strict):
     auto: AutoSpec = AutoSpec()
     slo_threshold: float = Field(0.9, gt=0.0, le=1.0, description="SLO met = attainment >= this")
     bisect_steps: int = Field(4, ge=0, le=20)
+    ci_half_width: float = Field(
+        0.02, gt=0.0, le=0.5, description="the SLO search lengthens runs at the boundary until "
+        "the 95% CI of SLO attainment is this wide each side (0.02 = +-2 points)")
+    rate_ci_half_width: float = Field(
+        0.05, gt=0.0, le=1.0, description="and until the achieved rate's 95% CI is this share "
+        "of it each side, so the sustained verdict at the boundary rests on a narrow interval")
+    request_budget: int = Field(
+        200_000, ge=0, description="requests the longer runs may simulate, per variant; "
+        "when spent, the search reports the wider interval and says so")
     waste_rate: float | None = Field(None, gt=0, description="rate of the waste bars")
     out: str | None = None
 
@@ -92,12 +101,17 @@ class Base:
     raw: dict[str, Any]
     trace_rate: float | None  # a trace's own arrival rate at time_scale 1; None = synthetic
 
-    def scenario(self, variant: VariantSpec, rate: float) -> Scenario:
+    def scenario(self, variant: VariantSpec, rate: float,
+                 num_requests: int | None = None) -> Scenario:
+        """`variant` at `rate`; `num_requests` lengthens (or shortens) the request stream."""
         sets = [override(k, v) for k, v in variant.overrides.items()]
-        return _validate(self.raw, [*sets, *rate_overrides(rate, self.trace_rate)], self.source)
+        sets += rate_overrides(rate, self.trace_rate)
+        if num_requests is not None:
+            sets.append(override("workload.num_requests", num_requests))
+        return _validate(self.raw, sets, self.source)
 
-    def task(self, variant: VariantSpec, rate: float) -> Task:
-        return Task(self.scenario(variant, rate), self.base_dir)
+    def task(self, variant: VariantSpec, rate: float, num_requests: int | None = None) -> Task:
+        return Task(self.scenario(variant, rate, num_requests), self.base_dir)
 
 
 def rate_overrides(rate: float, trace_rate: float | None) -> list[str]:

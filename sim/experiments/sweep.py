@@ -10,14 +10,9 @@ fields aside). Workers write nothing unless asked to (`--plots`).
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
-import os
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +20,24 @@ import pandas as pd
 import yaml
 
 from sim.config.loader import load_scenario
-from sim.config.scenario import Scenario
 from sim.config.yaml_input import ScenarioError
+from sim.experiments.cache import PointCache
+from sim.experiments.runner import (
+    BACKENDS,
+    Backend,
+    Runner,
+    SweepError,
+    Task,
+    open_backend,
+    run_task,
+    stream_digest,
+)
+from sim.results.steady import window_columns
 
-BACKENDS = ("loky", "dask", "ray")
+__all__ = ["BACKENDS", "Backend", "Runner", "SweepError", "Task", "open_backend", "run_task",
+           "stream_digest", "sweep", "parse_grid", "grid_points", "override", "markdown_table",
+           "write_table"]
+
 WALL_FIELDS = ("wall_s",)
 TABLE_METRICS = ("completed", "rejected", "request_throughput", "output_throughput",
                  "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
@@ -36,30 +45,8 @@ TABLE_METRICS = ("completed", "rejected", "request_throughput", "output_throughp
                  "kv_waste_fraction", "kv_waste_of_held", "total_preemptions",
                  "max_num_running", "kv_blocks_total")
 SHORT_METRICS = ("completed", "request_throughput", "output_throughput", "p99_ttft_ms",
-                 "p99_tpot_ms", "request_goodput", "slot_utilization", "kv_waste_of_held")
-
-
-class SweepError(Exception):
-    """A user mistake in a sweep or compare request: printed as one line, exit 2."""
-
-
-@dataclass(frozen=True, slots=True)
-class Task:
-    """One simulation: a validated scenario; `out_dir` set = write its outputs there."""
-
-    scenario: Scenario
-    base_dir: Path
-    out_dir: Path | None = None
-    plots: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Backend:
-    """Where tasks run: `jobs` None = every CPU; `address` = an existing Dask scheduler."""
-
-    name: str = "loky"
-    jobs: int | None = None
-    address: str | None = None
+                 "p99_tpot_ms", "request_goodput", "slot_utilization", "kv_waste_of_held",
+                 "sustained")
 
 
 def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
@@ -96,130 +83,6 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*grid.values())]
 
 
-def stream_digest(scenario: Scenario, base_dir: Path) -> tuple[str, int, float]:
-    """sha256 of the request stream (ids, arrivals, lengths, prefixes), its size and span.
-
-    Regenerating the seeded stream costs microseconds per request, far less than
-    simulating it, and lets compare check that variants saw the same requests.
-    """
-    from sim.workload import make_requests
-
-    h = hashlib.sha256()
-    count, last_s = 0, 0.0
-    for r in make_requests(scenario.workload, scenario.seed, base_dir):
-        h.update(repr((r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens,
-                       r.prefix_block_ids)).encode())
-        count, last_s = count + 1, r.arrival_s
-    return h.hexdigest()[:16], count, last_s
-
-
-def run_task(task: Task) -> dict[str, Any]:
-    """Simulate one point in a worker; only plain values travel back.
-
-    A user-level failure (no room for KV, a missing trace) comes back as
-    {"error": message}, so the parent can say which point failed.
-    """
-    from sim.experiments.outputs import write_outputs
-    from sim.experiments.run import run_scenario
-    from sim.results.report import jsonable
-
-    _thread_lock_for_tqdm()
-    try:
-        result = run_scenario(task.scenario, task.base_dir, show_progress=False)
-    except (ValueError, FileNotFoundError) as err:
-        return {"error": str(err)}
-    summary = dict(result.summary)
-    if task.out_dir is not None:
-        write_outputs(result, task.out_dir, plots=task.plots)
-    digest, count, span_s = stream_digest(task.scenario, task.base_dir)
-    finish_s = result.recorder.requests_frame()["finish_s"].dropna()
-    out = jsonable(summary)
-    out.pop("simulation_wall_s", None)
-    out.update(wall_s=result.wall_s, request_stream=digest, num_arrivals=count,
-               arrival_span_s=span_s,
-               finish_span_s=float(finish_s.max() - finish_s.min()) if len(finish_s) else 0.0)
-    return out
-
-
-def _thread_lock_for_tqdm() -> None:
-    """Give tqdm a thread lock in a worker that has none yet.
-
-    Even a disabled bar takes tqdm's class lock, by default a multiprocessing
-    semaphore; a worker killed on Ctrl-C never unlinks it, and Python warns of
-    "leaked semaphore objects" at exit. A worker draws no bars, so a thread lock does.
-    """
-    from tqdm import tqdm
-
-    if not hasattr(tqdm, "_lock"):
-        tqdm.set_lock(threading.RLock())
-
-
-@dataclass(frozen=True, slots=True)
-class Runner:
-    """Runs tasks under the backend `open_backend` set up; results in task order."""
-
-    n_jobs: int
-    in_process: bool  # one job on loky runs here: no pickling, and tests can watch it
-
-    def run(self, tasks: Sequence[Task], progress: Any = None) -> list[dict[str, Any]]:
-        """`progress` (a tqdm bar) advances as each result lands."""
-        from joblib import Parallel, delayed
-
-        n_jobs = min(self.n_jobs, len(tasks)) if self.n_jobs > 0 else self.n_jobs
-        if n_jobs == 1 and self.in_process:
-            stream: Any = map(run_task, tasks)
-        else:
-            stream = Parallel(n_jobs=n_jobs, return_as="generator")(
-                delayed(run_task)(t) for t in tasks)
-        results = []
-        for result in stream:
-            results.append(result)
-            if progress is not None:
-                progress.update(1)
-        return results
-
-
-@contextmanager
-def open_backend(backend: Backend) -> Iterator[Runner]:
-    """Set joblib's backend (and a Dask client) up for the block; yields the runner."""
-    import joblib
-
-    if backend.name not in BACKENDS:
-        raise SweepError(f"unknown backend {backend.name!r}; choose from {', '.join(BACKENDS)}")
-    if backend.jobs is not None and backend.jobs < 1:
-        raise SweepError(f"--jobs must be >= 1, got {backend.jobs}")
-    if backend.address is not None and backend.name != "dask":
-        raise SweepError("--scheduler-address only applies to --backend dask")
-    if backend.name == "loky":
-        yield Runner(backend.jobs or os.cpu_count() or 1, in_process=True)
-        return
-    with ExitStack() as stack:
-        if backend.name == "dask":
-            try:
-                from dask.distributed import Client, LocalCluster
-            except ImportError:
-                raise SweepError("--backend dask needs dask.distributed: "
-                                 "pip install 'servesim[dask]'") from None
-            if backend.address:
-                client = stack.enter_context(Client(backend.address))
-            else:
-                cluster = stack.enter_context(LocalCluster(
-                    n_workers=backend.jobs or os.cpu_count() or 1, threads_per_worker=1,
-                    processes=True, dashboard_address=None))
-                client = stack.enter_context(Client(cluster))
-            client.wait_for_workers(1)
-        else:
-            try:
-                from ray.util.joblib import register_ray
-            except ImportError:
-                raise SweepError("--backend ray needs ray: pip install 'servesim[ray]'") from None
-            register_ray()
-        stack.enter_context(joblib.parallel_config(backend=backend.name))
-        # -1: every worker the cluster has (for Dask, --jobs sized the local cluster)
-        jobs = -1 if backend.jobs is None or backend.name == "dask" else backend.jobs
-        yield Runner(jobs, in_process=False)
-
-
 def build_tasks(path: str | Path, points: list[dict[str, Any]], out_dir: Path | None,
                 plots: bool) -> list[Task]:
     """Validate every point in the parent: a bad key or value fails before any run."""
@@ -240,16 +103,19 @@ def point_label(point: dict[str, Any]) -> str:
 
 
 def sweep(path: str | Path, grid: dict[str, list[Any]], backend: Backend | None = None,
-          out_dir: Path | None = None, plots: bool = False, progress: bool = True
-          ) -> pd.DataFrame:
-    """Run every grid point; one row per point, grid columns first, in grid order."""
+          out_dir: Path | None = None, plots: bool = False, progress: bool = True,
+          cache: PointCache | None = None) -> pd.DataFrame:
+    """Run every grid point; one row per point, grid columns first, in grid order.
+
+    `cache`: finished points are reused from it and added to it (sim.experiments.cache);
+    the table's `attrs["reused"]` says how many came from it."""
     from tqdm import tqdm
 
     backend = backend or Backend()
     points = grid_points(grid)
     tasks = build_tasks(path, points, out_dir, plots)
-    with open_backend(backend) as runner, tqdm(total=len(tasks), unit="run", desc="sweep",
-                                                disable=not progress) as bar:
+    with open_backend(backend, cache) as runner, tqdm(total=len(tasks), unit="run",
+                                                       desc="sweep", disable=not progress) as bar:
         results = runner.run(tasks, bar)
     rows = []
     for point, result in zip(points, results, strict=True):
@@ -257,9 +123,11 @@ def sweep(path: str | Path, grid: dict[str, list[Any]], backend: Backend | None 
             raise SweepError(f"{result['error']} (grid point {point_label(point)})")
         row: dict[str, Any] = {k: _cell(v) for k, v in point.items()}
         row.update({m: result.get(m) for m in TABLE_METRICS})
+        row.update(window_columns(result))
         row["wall_s"] = result["wall_s"]
         rows.append(row)
     table = pd.DataFrame(rows)
+    table.attrs["reused"] = runner.reused
     if plots and out_dir is not None:
         from sim.plots.compare import plot_sweep  # lazy: matplotlib only when plotting
 

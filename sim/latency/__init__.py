@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from sim.core.plan import StepShape
+from sim.latency.fixed import FixedLatency
 from sim.latency.roofline import RooflineLatency
 from sim.latency.table import TableLatency
 
@@ -20,4 +21,4 @@ class LatencyModel(Protocol):
         ...
 
 
-__all__ = ["LatencyModel", "RooflineLatency", "TableLatency"]
+__all__ = ["FixedLatency", "LatencyModel", "RooflineLatency", "TableLatency"]

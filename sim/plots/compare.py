@@ -40,17 +40,35 @@ def _finish(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
         no_data(ax)
 
 
+def _achieved(ax: Axes, rows: pd.DataFrame, name: str) -> None:
+    """The window's achieved rate with its 95% interval as error bars (hollow: unsustained);
+    a table without the window's columns: the whole run's rate."""
+    if "window_throughput" not in rows:
+        ax.plot(*_xy(rows, "offered_rate", "request_throughput"), marker="o", label=name)
+        return
+    x, y = _xy(rows, "offered_rate", "window_throughput")
+    lo = y - rows["window_throughput_lo"].to_numpy(dtype=np.float64)
+    hi = rows["window_throughput_hi"].to_numpy(dtype=np.float64) - y
+    line = ax.errorbar(x, y, yerr=np.nan_to_num([lo, hi]), marker="o", capsize=3, label=name)
+    gone = ~rows["sustained"].to_numpy(dtype=bool)
+    if gone.any():
+        ax.plot(x[gone], y[gone], "o", markerfacecolor="white", zorder=3,
+                color=line.lines[0].get_color())
+
+
 def plot_throughput(table: pd.DataFrame, path: Path) -> Path:
-    """Achieved request and output-token throughput against the offered rate."""
+    """Achieved request throughput (steady state, 95% CI; hollow = not sustained) and
+    output-token throughput against the offered rate."""
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     ax_req, ax_tok = fig.subplots(1, 2)
     for name, rows in _variants(table):
-        ax_req.plot(*_xy(rows, "offered_rate", "request_throughput"), marker="o", label=name)
+        _achieved(ax_req, rows, name)
         ax_tok.plot(*_xy(rows, "offered_rate", "output_throughput"), marker="o", label=name)
     if len(table):
         top = float(table["offered_rate"].max())
         ax_req.plot([0, top], [0, top], "k--", linewidth=0.8, label="achieved = offered")
-    _finish(ax_req, "Requests", "offered rate (req/s)", "achieved (req/s)")
+    _finish(ax_req, "Requests (window, 95% CI; hollow: not sustained)", "offered rate (req/s)",
+            "achieved (req/s)")
     _finish(ax_tok, "Output tokens", "offered rate (req/s)", "output throughput (tok/s)")
     fig.suptitle("Achieved throughput vs offered load")
     return save_figure(fig, path)
@@ -202,6 +220,7 @@ def _plain_number(value: float, _position: object = None) -> str:
 def sweep_figure(table: pd.DataFrame, grid_keys: list[str]) -> Figure:
     """Peak concurrency, TTFT, TPOT and throughput against the sweep's first numeric key.
 
+    Shaded: the measurement window's 95% interval of the p99s (sim.results.steady).
     One colour per value of the other grid keys (e.g. per arrival rate when the
     x axis is the prompt length), the same in every panel; p50 solid, p99
     dashed; log-2 x when the values span a factor of 8.
@@ -224,6 +243,12 @@ def sweep_figure(table: pd.DataFrame, grid_keys: list[str]) -> Figure:
                     name = " ".join(p for p in (label, what) if p) or ylabel
                     ax.plot(*_xy(rows, x, column), marker="o", color=f"C{i % 10}",
                             linestyle=_STAT_STYLES.get(what, "-"), label=name)
+                    band = f"window_{column}"  # the steady-state 95% CI, where the row has it
+                    if f"{band}_lo" in rows and rows[f"{band}_lo"].notna().any():
+                        ax.fill_between(rows[x].to_numpy(dtype=np.float64),
+                                        rows[f"{band}_lo"].to_numpy(dtype=np.float64),
+                                        rows[f"{band}_hi"].to_numpy(dtype=np.float64),
+                                        color=f"C{i % 10}", alpha=0.15, linewidth=0)
         if x is not None and table[x].min() > 0 and table[x].max() >= 8 * table[x].min():
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(FuncFormatter(_plain_number))  # 4,096, not 2^12

@@ -63,6 +63,7 @@ import pandas as pd
 
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request
+from sim.results.itl_slices import ITLSlices
 from sim.results.requests import RequestLog
 from sim.results.slo import SLO, meets_slo
 from sim.results.stats import LogHistogram, TimeBuckets, describe_ms
@@ -78,11 +79,12 @@ class RunRecorder:
     __slots__ = ("_requests", "_itl", "_series", "_num_steps", "_busy_s",
                  "_batch_x_s", "_max_kv_blocks_used", "_padded_x_s", "_slot_steps",
                  "_useful_slot_steps", "_waste_x_s", "_swap_out_tokens", "_swap_in_tokens",
-                 "_spec", "_extra_columns")
+                 "_spec", "_extra_columns", "_itl_slices")
 
     def __init__(self, max_buckets: int = 2048, bucket_width_s: float = 0.01) -> None:
         self._requests = RequestLog()
         self._itl = LogHistogram()
+        self._itl_slices = ITLSlices()  # the same gaps by time: the window's ITL (steady_state)
         self._series = TimeBuckets(max_buckets, bucket_width_s)
         self._num_steps = 0
         self._busy_s = 0.0
@@ -126,6 +128,7 @@ class RunRecorder:
             emitted = new_tokens = decodes
         if decodes:
             self._itl.add(duration_s, decodes)
+            self._itl_slices.add(start_s, duration_s, decodes)
         if shape.swap_out_tokens or shape.swap_in_tokens:
             self._swap_out_tokens += shape.swap_out_tokens
             self._swap_in_tokens += shape.swap_in_tokens
@@ -174,6 +177,14 @@ class RunRecorder:
     @property
     def num_steps(self) -> int:
         return self._num_steps
+
+    @property
+    def itl_slices(self) -> ITLSlices:
+        return self._itl_slices
+
+    def request_arrays(self) -> dict[str, np.ndarray]:
+        """The recorded requests' columns and derived latencies (RequestLog.arrays)."""
+        return self._requests.arrays()
 
     def summary(self, slo: SLO | None = None, kv_blocks_total: int | None = None,
                 block_size: int | None = None, *, prefix_caching: bool = False,

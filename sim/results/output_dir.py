@@ -16,7 +16,7 @@ directory whose Staging is dropped without a commit (an interrupt before its
 `with` block) is removed when the object goes, or at exit.
 
 Replacing deletes the old directory, so only an empty directory or one holding
-a servesim result (`summary.json`, `compare.csv` or `sweep.csv`) is replaced;
+a servesim result (`summary.json`, `compare.csv`, `sweep.csv` or `plan.csv`) is replaced;
 `--out .` in a project folder is refused, not wiped.
 """
 
@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
-RESULT_MARKERS = ("summary.json", "compare.csv", "sweep.csv")
+RESULT_MARKERS = ("summary.json", "compare.csv", "sweep.csv", "plan.csv")
 STAGE_PREFIX = ".servesim-"
 
 

@@ -55,8 +55,9 @@ def format_summary(summary: dict[str, Any]) -> str:
                 ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
                 ("itl", "ITL", "Inter-token Latency"),
                 ("e2el", "E2EL", "End-to-end Latency"))
+    transient = summary.get("sustained") is False
     for key, short, title in sections:
-        lines.append(f"{' ' + title + ' ':-^{width}}")
+        lines.append(f"{' ' + title + (' (transient)' if transient else '') + ' ':-^{width}}")
         for stat, label in (("mean", "Mean"), ("median", "Median"), ("p99", "P99")):
             lines.append(row(f"{label} {short} (ms):", f"{stat}_{key}_ms"))
     if summary.get("prefix_caching"):
@@ -83,7 +84,25 @@ def format_summary(summary: dict[str, Any]) -> str:
                   row("KV waste (share of held):", "kv_waste_of_held")]
     lines += _replica_lines(summary.get("replicas") or (), width)
     lines.append("=" * width)
+    if "window" in summary:
+        lines.append(window_line(summary))
     return "\n".join(lines)
+
+
+def window_line(summary: dict[str, Any]) -> str:
+    """The measurement window and the sustained verdict in one line."""
+    w = summary["window"]
+    ci = summary.get("ci95", {}).get("request_throughput")
+    rate = (f"; achieved {ci['estimate']:.2f} [{ci['lo']:.2f}, {ci['hi']:.2f}] of "
+            f"{w['offered_rate']:.2f} req/s offered" if ci and ci.get("lo") is not None
+            and w.get("offered_rate") is not None else "")
+    reps = summary.get("ci95", {}).get("replications")
+    rate += f" (interval over {reps} replications)" if reps else ""
+    verdict = "sustained" if summary.get("sustained") else "NOT sustained (figures transient)"
+    start, end = w.get("start_s"), w.get("end_s")
+    span = f"{start:.1f}-{end:.1f} s" if start is not None and end is not None else "n/a"
+    return (f"Window {span}: {w['requests']} requests, cut {w['excluded_start']} warm-up and "
+            f"{w['excluded_end']} at the end (MSER-5){rate}; {verdict}")
 
 
 def _replica_lines(rows: Any, width: int) -> list[str]:

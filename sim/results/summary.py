@@ -18,6 +18,7 @@ from sim.core.kv import KVBudget, KVManager
 from sim.core.schedulers import Scheduler
 from sim.results.metrics import RunRecorder
 from sim.results.slo import SLO
+from sim.results.steady import steady_summary
 
 
 class Replica(Protocol):
@@ -58,6 +59,12 @@ def replica_rows(summaries: Sequence[dict[str, Any]], fleet_summary: dict[str, A
             for i, summary in enumerate(summaries)]
 
 
+def _slo(scenario: Scenario) -> SLO | None:
+    if scenario.slo is None:
+        return None
+    return SLO(scenario.slo.ttft_ms, scenario.slo.tpot_ms, scenario.slo.e2el_ms)
+
+
 def summarize(scenario: Scenario, budget: KVBudget, recorder: RunRecorder,
               setups: Sequence[Replica]) -> dict[str, Any]:
     """`recorder`'s summary, with pool and scheduler counters summed over `setups`.
@@ -65,9 +72,7 @@ def summarize(scenario: Scenario, budget: KVBudget, recorder: RunRecorder,
     The fleet passes every replica; a replica's own row passes just its own.
     KV pool figures are per replica (all replicas are identical).
     """
-    slo = None
-    if scenario.slo is not None:
-        slo = SLO(scenario.slo.ttft_ms, scenario.slo.tpot_ms, scenario.slo.e2el_ms)
+    slo = _slo(scenario)
     kv = setups[0].kv
     summary = recorder.summary(
         slo=slo, kv_blocks_total=kv.num_usable_blocks, block_size=scenario.kv.block_size,
@@ -98,6 +103,8 @@ def run_summary(scenario: Scenario, budget: KVBudget, recorder: RunRecorder,
     else:  # one replica: its row is the run's summary (same recorder), no second summary
         parts = [summary] * len(replica_recorders)
     summary["replicas"] = replica_rows(parts, summary)
+    summary.update(steady_summary(recorder.request_arrays(), recorder.itl_slices,
+                                  _slo(scenario)))
     summary["latency_model"] = latency_name
     summary["simulation_wall_s"] = wall_s
     return summary

@@ -1,0 +1,108 @@
+"""`servesim plan SCENARIO --rate R`: the cheapest GPU type x TP x replicas that sustains R
+within the SLOs (sim.experiments.plan); a bad option exits 2 before any simulation."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from sim.cli.run import out_dir_of
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="the cheapest deployment that sustains a rate within SLOs")
+    p.add_argument("scenario", help="scenario YAML: its model, workload (lengths or trace), SLOs")
+    p.add_argument("--rate", type=float, required=True, help="target arrival rate, req/s")
+    p.add_argument("--gpu", default="h100-sxm,h200", help="GPU types to consider (catalogue)")
+    p.add_argument("--tp", default="1,2,4,8", help="tensor-parallel degrees to consider")
+    p.add_argument("--slo", default=None, help="bounds on the percentile, e.g. "
+                   "'ttft:2000 tpot:100' (default: the scenario's slo section)")
+    p.add_argument("--percentile", default="p99", choices=("median", "p90", "p99"),
+                   help="which percentile of TTFT and TPOT must meet the bounds")
+    p.add_argument("--price", default=None, metavar="GPU=USD,...",
+                   help="$/GPU-hour per GPU type: cost in $/hour instead of GPU count")
+    p.add_argument("--max-replicas", type=int, default=32,
+                   help="most replicas a candidate is simulated with")
+    p.add_argument("--requests", type=int, default=2000, help="requests per simulated fleet")
+    p.add_argument("--jobs", type=int, default=None, help="parallel simulations")
+    p.add_argument("--backend", default="loky", choices=("loky", "dask", "ray"),
+                   help="joblib backend: local processes, a Dask or a Ray cluster")
+    p.add_argument("--out", help="output directory (default results/plan_<scenario>)")
+    p.add_argument("--no-plots", action="store_true", help="skip plan.png")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no answer printed")
+    p.set_defaults(func=_plan)
+
+
+def _question(args: argparse.Namespace):  # noqa: ANN202 - a PlanQuestion, imported lazily
+    from sim.config.catalogue import get_hardware
+    from sim.config.loader import read_scenario_raw
+    from sim.experiments.plan_run import PlanQuestion
+    from sim.results.slo import SLO
+
+    if not args.rate > 0:
+        raise ValueError(f"--rate: must be > 0 req/s, got {args.rate}")
+    if args.max_replicas < 1 or args.requests < 100:
+        raise ValueError("--max-replicas must be >= 1 and --requests >= 100, got "
+                         f"{args.max_replicas} and {args.requests}")
+    gpus = tuple(g.strip() for g in args.gpu.split(",") if g.strip())
+    for g in gpus:
+        get_hardware(g)  # an unknown name: its error lists the catalogue
+    try:
+        tps = tuple(int(t) for t in args.tp.split(","))
+    except ValueError:
+        raise ValueError(f"--tp: comma-separated integers, got {args.tp!r}") from None
+    prices: dict[str, float] = {}
+    for item in (args.price or "").split(","):
+        if item.strip():
+            name, _, usd = item.partition("=")
+            try:
+                prices[name.strip()] = float(usd)
+            except ValueError:
+                raise ValueError(f"--price: expected GPU=USD, got {item!r}") from None
+    if prices and set(prices) != set(gpus):
+        raise ValueError(f"--price: give a price for every --gpu ({', '.join(gpus)})")
+    path = Path(args.scenario)
+    raw = read_scenario_raw(path)
+    slo = SLO.parse(args.slo) if args.slo else SLO(**(raw.get("slo") or {}))
+    if slo.ttft_ms is None and slo.tpot_ms is None:
+        raise ValueError("--slo: give ttft and/or tpot bounds (or an slo section)")
+    return PlanQuestion(raw, str(path), path.resolve().parent, args.rate, gpus, tps,
+                        slo.ttft_ms, slo.tpot_ms, args.percentile, tuple(prices.items()),
+                        args.max_replicas, args.requests)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from sim.config.yaml_input import ScenarioError
+    from sim.experiments.cache import PointCache
+    from sim.experiments.plan_output import format_plan, write_plan
+    from sim.experiments.plan_run import run_plan
+    from sim.experiments.sweep import Backend, SweepError
+    from sim.results.output_dir import OutputDirError, Staging
+
+    default = Path("results") / f"plan_{Path(args.scenario).stem}"
+    out_dir, field = out_dir_of(args.out, None, default)
+    try:
+        question = _question(args)
+        question.scenario(question.gpus[0], question.tps[0], 1)  # a bad base fails now
+        stage = Staging(out_dir, field)
+    except (ValueError, ScenarioError, OutputDirError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    with stage:
+        try:
+            result = run_plan(question, Backend(args.backend, args.jobs), not args.quiet,
+                              PointCache.beside(out_dir))
+        except (SweepError, ScenarioError, ValueError, FileNotFoundError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        write_plan(result, question, stage.path, plots=not args.no_plots)
+        stage.commit()
+    if not args.quiet:
+        print(format_plan(result, question))
+        print(f"planned in {time.perf_counter() - started:.0f} s wall "
+              f"({len(result.tried)} fleets simulated, {result.reused} from the cache); "
+              f"results in {out_dir}/")
+    return 0

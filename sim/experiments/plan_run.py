@@ -1,0 +1,135 @@
+"""Running `servesim plan`: candidates from capacity math, fleets simulated round by round in
+parallel (cached, so a killed plan resumes), the answer and its runners-up (sim.experiments.plan).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.config.catalogue import get_hardware
+from sim.config.loader import apply_overrides, validate_scenario
+from sim.config.scenario import Scenario
+from sim.experiments.cache import PointCache
+from sim.experiments.compare_spec import rate_overrides
+from sim.experiments.plan import DEFAULT_TP, Search, candidates, cost_of, judge
+from sim.experiments.runner import Backend, SweepError, Task, open_backend
+from sim.experiments.sweep import override
+from sim.results.steady import window_columns
+
+
+@dataclass(frozen=True, slots=True)
+class PlanQuestion:
+    """What to plan for: the base scenario's model and workload at `rate`, within SLO bounds."""
+
+    raw: dict[str, Any]  # the base scenario as read
+    source: str
+    base_dir: Path
+    rate: float
+    gpus: tuple[str, ...] = ("h100-sxm", "h200")
+    tps: tuple[int, ...] = DEFAULT_TP
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    percentile: str = "p99"
+    prices: tuple[tuple[str, float], ...] = ()
+    max_replicas: int = 32
+    requests: int = 2000
+    trace_rate: float | None = None  # a timed trace's own rate (replayed faster or slower)
+
+    def scenario(self, gpu: str, tp: int, replicas: int) -> Scenario:
+        sets = [override("hardware.gpu", gpu), override("hardware.count", tp),
+                override("replicas", replicas), override("workload.num_requests", self.requests),
+                *rate_overrides(self.rate, self.trace_rate)]
+        return validate_scenario(apply_overrides(copy.deepcopy(self.raw), sets), self.source)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    best: dict[str, Any] | None  # the cheapest passing configuration's row
+    table: pd.DataFrame  # the least passing replica count per candidate (runners-up), by cost
+    tried: pd.DataFrame  # every fleet simulated
+    pruned: pd.DataFrame  # candidates capacity math ruled out, and why
+    reused: int
+
+
+def _workload_shape(q: PlanQuestion) -> tuple[float, float, int]:
+    """Mean prompt and output tokens, and the longest request, of the planned stream."""
+    from sim.workload import make_requests
+
+    s = q.scenario(q.gpus[0], 1 if 1 in q.tps else q.tps[0], 1)
+    prompt, output = [], []
+    for r in make_requests(s.workload, s.seed, q.base_dir):
+        prompt.append(r.prompt_tokens)
+        output.append(r.output_tokens)
+    p, o = np.array(prompt), np.array(output)
+    return float(p.mean()), float(o.mean()), int((p + o).max())
+
+
+def _row(q: PlanQuestion, gpu: str, tp: int, replicas: int, result: dict[str, Any]
+         ) -> dict[str, Any]:
+    verdict = judge(result, q.ttft_ms, q.tpot_ms, q.percentile)
+    prices = dict(q.prices)
+    row: dict[str, Any] = {"gpu": gpu, "tp": tp, "replicas": replicas, "gpus": tp * replicas,
+                           "cost": cost_of(gpu, tp * replicas, prices), "passes": verdict.passes,
+                           "why": verdict.why}
+    row.update(window_columns(result))
+    for metric in ("ttft", "tpot"):
+        ci = (result.get("ci95") or {}).get(f"{q.percentile}_{metric}_ms") or {}
+        for part in ("estimate", "lo", "hi"):
+            value = ci.get(part)
+            row[f"{q.percentile}_{metric}_ms" + ("" if part == "estimate" else f"_{part}")] = (
+                math.nan if value is None else value)
+    offered = row["window_offered_rate"]
+    row["shortfall"] = row["window_throughput"] / offered if offered and offered > 0 else 1.0
+    return row
+
+
+def run_plan(q: PlanQuestion, backend: Backend | None = None, progress: bool = True,
+             cache: PointCache | None = None) -> PlanResult:
+    """Capacity math, then rounds of fleet simulations until every candidate passes or
+    reaches max_replicas."""
+    from tqdm import tqdm
+
+    model = q.scenario(q.gpus[0], 1 if 1 in q.tps else q.tps[0], 1).model_spec
+    base = q.scenario(q.gpus[0], 1 if 1 in q.tps else q.tps[0], 1)
+    mean_prompt, mean_output, longest = _workload_shape(q)
+    found = candidates(model, {g: get_hardware(g) for g in q.gpus}, q.tps, q.rate, longest,
+                       mean_prompt, mean_output, base.hardware.memory_utilization,
+                       base.scheduler.max_num_seqs, base.scheduler.max_num_batched_tokens)
+    pruned = [{"gpu": c.gpu, "tp": c.tp, "why": c.reason} for c in found if not c.fits]
+    for c in found:
+        if c.fits and c.min_replicas > q.max_replicas:
+            pruned.append({"gpu": c.gpu, "tp": c.tp, "why": f"needs >= {c.min_replicas} "
+                           f"replicas (a replica can never exceed {c.bound_rps:.3g} req/s)"})
+    search = Search({(c.gpu, c.tp): c.min_replicas for c in found
+                     if c.fits and c.min_replicas <= q.max_replicas}, q.max_replicas)
+    with open_backend(backend or Backend(), cache) as runner, tqdm(
+            total=0, unit="fleet", desc="plan", disable=not progress) as bar:
+        while todo := search.round():
+            bar.total += len(todo)
+            bar.refresh()
+            results = runner.run([Task(q.scenario(g, tp, r), q.base_dir) for g, tp, r in todo],
+                                 bar)
+            for (gpu, tp, replicas), result in zip(todo, results, strict=True):
+                if "error" in result:
+                    raise SweepError(f"{gpu} x{tp}, {replicas} replicas: {result['error']}")
+                row = _row(q, gpu, tp, replicas, result)
+                search.record(gpu, tp, replicas, row, row["passes"])
+    for (gpu, tp), _ in search.open.items():
+        pruned.append({"gpu": gpu, "tp": tp, "why": f"no fleet of up to {q.max_replicas} "
+                       "replicas passed"})
+    tried = pd.DataFrame(list(search.tried.values()))
+    answers = [search.tried[(g, tp, r)] for (g, tp), r in search.answer.items()]
+    table = pd.DataFrame(answers)
+    if len(table):
+        table = table.sort_values(["cost", f"{q.percentile}_ttft_ms", "gpu", "tp"],
+                                  kind="stable").reset_index(drop=True)
+    best = table.iloc[0].to_dict() if len(table) else None
+    return PlanResult(best, table, tried, pd.DataFrame(pruned, columns=["gpu", "tp", "why"]),
+                      runner.reused)
