@@ -29,11 +29,10 @@ preempted by recompute finds its own blocks) and computes only the rest;
 blocks are named as they are allocated, so an admission later in the same
 step hits a prefix scheduled before it.
 
-Two implementations of that rule give identical plans: a per-request path for
-small batches (cheapest there), and an array path (running_batch.py) whose
-cost per step barely grows with the batch; the scheduler switches between them
-with hysteresis on the running-set size. Speculation runs on the per-request
-path only (speculation.py holds its rules).
+The running set lives in numpy columns (running_batch.py), whose cost per
+step barely grows with the batch and is below a per-request loop's at every
+batch size. Speculation (speculation.py holds its rules) still runs a
+per-request loop over the Request objects.
 """
 
 from __future__ import annotations
@@ -52,9 +51,7 @@ from sim.core.schedulers.speculation import Speculation
 
 
 class ContinuousScheduler:
-    """`vectorize_at`: running-set size from which the array path is used (back below half).
-
-    `max_output_tokens` caps outputs (longer ones are rejected) and, on a contiguous
+    """`max_output_tokens` caps outputs (longer ones are rejected) and, on a contiguous
     pool, sizes reservations with max_model_len (one of them is then required).
     `preemption`: "recompute" or "swap" (swap needs a paged pool with a host pool).
     `scheduler_reserve_full_isl`: vLLM's setting of that name (see the module doc).
@@ -65,7 +62,7 @@ class ContinuousScheduler:
 
     def __init__(self, kv: KVManager, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, chunked_prefill: bool = True,
-                 max_model_len: int | None = None, vectorize_at: int = 24,
+                 max_model_len: int | None = None,
                  max_output_tokens: int | None = None, preemption: str = "recompute",
                  speculative_tokens: int = 0, scheduler_reserve_full_isl: bool = True,
                  speculative_method: str = "ngram", cuda_graphs: bool = False) -> None:
@@ -74,8 +71,6 @@ class ContinuousScheduler:
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= "
                              f"max_num_seqs ({max_num_seqs}) so every decode fits a step")
-        if vectorize_at < 1:
-            raise ValueError(f"vectorize_at must be >= 1, got {vectorize_at}")
         if preemption not in ("recompute", "swap"):
             raise ValueError(f"preemption must be 'recompute' or 'swap', got {preemption!r}")
         if preemption == "swap" and not isinstance(kv, PagedBlockManager):
@@ -89,7 +84,6 @@ class ContinuousScheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked_prefill = chunked_prefill
         self.max_model_len = max_model_len
-        self.vectorize_at = vectorize_at
         self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is the next victim
@@ -220,7 +214,7 @@ class ContinuousScheduler:
         return reserve if self.max_model_len is None else min(reserve, self.max_model_len)
 
     def schedule(self, now: float) -> StepPlan | None:
-        batch, n = self._batch, len(self.running)
+        batch = self._batch
         if self._spec.k:  # speculation runs on the per-request path only
             if batch is not None:
                 batch.sync()
@@ -228,14 +222,7 @@ class ContinuousScheduler:
                 self._batch = None
             return self._schedule_each(now)
         if batch is None:
-            if n >= self.vectorize_at:
-                self._batch = RunningBatch(self.running, self.kv)
-                return self._schedule_batch(now)
-            return self._schedule_each(now)
-        if n < self.vectorize_at // 2:
-            batch.sync()
-            self._batch = None
-            return self._schedule_each(now)
+            self._batch = RunningBatch(self.running, self.kv)
         return self._schedule_batch(now)
 
     def _schedule_batch(self, now: float) -> StepPlan | None:
@@ -252,7 +239,7 @@ class ContinuousScheduler:
         return plan
 
     def _schedule_each(self, now: float) -> StepPlan | None:
-        """The per-request path: Request objects hold exact counters."""
+        """The speculative path: Request objects hold exact counters."""
         kv, running, spec = self.kv, self.running, self._spec
         naming = self._paged if self._prefix_cache else None
         slots = spec.draft_slots
@@ -373,7 +360,9 @@ class ContinuousScheduler:
         req.state = RequestState.WAITING
         self.waiting.appendleft(req)
         self._spec.forget(req)
-        if self._swap and self._paged is not None:
+        # with no one else running nothing will free blocks for a swap-in (a lone request
+        # whose drafts outgrow the pool): recompute, as vLLM does
+        if self._swap and self._paged is not None and self.running:
             moved = self._paged.swap_out(req.request_id)
             if moved >= 0:
                 self._swap_out_pending += moved * self.kv.block_size

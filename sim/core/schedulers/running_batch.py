@@ -94,7 +94,7 @@ class RunningBatch:
                          naming: PagedBlockManager | None = None) -> int:
         """Give running sequences their tokens in admission order; returns the budget left.
 
-        Same rule as the per-request path: each catches up to its known tokens while
+        vLLM's rule: each catches up to its known tokens while
         budget lasts; a table that cannot grow preempts from the tail (`preempt`).
         `naming` (a prefix-caching pool) names the blocks this step fills, before
         any admission: a running table has its first computed // block_size blocks
