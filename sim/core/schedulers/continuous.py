@@ -41,6 +41,7 @@ from collections import deque
 
 from sim.core.batching import graph_batch_sizes, padded_batch_size
 from sim.core.contiguous import ContiguousAllocator
+from sim.core.decode_run import DecodeRun
 from sim.core.kv import KVManager, PagedBlockManager
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
@@ -99,6 +100,9 @@ class ContinuousScheduler:
         self.num_swap_fallbacks = 0  # swap preemptions that found the host pool full
         # read-only: the last admission stopped for lack of KV blocks (TTFT diagnosis)
         self.kv_blocked = False
+        # the waiting head the last admission stopped at for lack of blocks, and the free
+        # blocks then: while it heads the queue and no block frees, it stays blocked
+        self._blocked: tuple[Request, int] | None = None
         self._preempted_only = False  # the last schedule() preempted and ran nothing
         self._spec = Speculation(speculative_tokens, speculative_method, max_model_len)
         # CUDA graphs: a decode-only step runs padded to the next captured batch size
@@ -231,6 +235,7 @@ class ContinuousScheduler:
         assert batch is not None
         step = PlanBuilder()
         preempted: list[int] = []
+        self._blocked = None
         budget = batch.schedule_running(self.max_num_batched_tokens, kv, step, self._preempt,
                                         preempted, self._paged if self._prefix_cache else None)
         if not preempted:
@@ -276,6 +281,35 @@ class ContinuousScheduler:
         if not preempted:
             self._admit(room, step, now, bool(step.request_ids), prefill_scheduled)
         return self._build(step, preempted)
+
+    def decode_run(self, max_steps: int = 1 << 16) -> DecodeRun | None:
+        """The next steps when they are plain decodes of an unchanging running set, else None.
+
+        The running set must be all plain decodes within the budget, with no swap to
+        charge and no speculation, and admission must stay shut for the whole run:
+        an empty queue (the world ends the run at the next arrival), or seats or
+        budget full, or a head blocked on KV while no block frees (its need only
+        grows: each step takes blocks, evictions only cost it hits).
+        """
+        batch, n = self._batch, len(self.running)
+        if batch is None or self._spec.k or not n or n > self.max_num_batched_tokens \
+                or self._swap_out_pending or not batch.plain_decodes():
+            return None
+        waiting, blocked = self.waiting, self._blocked
+        # with seats and budget left, only a KV-blocked head keeps admission shut
+        on_kv = bool(waiting) and n < self.max_num_seqs and n < self.max_num_batched_tokens
+        if on_kv and not (blocked is not None and blocked[0] is waiting[0]
+                          and self.kv.num_free_blocks <= blocked[1]):
+            return None
+        padded = padded_batch_size(n, self._graph_sizes) if self._graph_sizes else 0
+        return batch.decode_run(self.kv, self._paged is not None, padded, len(waiting), on_kv,
+                                max_steps)
+
+    def advance_decodes(self, run: DecodeRun, steps: int) -> None:
+        """Apply the first `steps` (1 <= steps <= run.steps) of the last decode_run()."""
+        assert self._batch is not None and 0 < steps <= run.steps
+        self._batch.advance(steps, self.kv, self._paged if self._prefix_cache else None)
+        self.kv_blocked = run.kv_blocked
 
     def _build(self, step: PlanBuilder, preempted: list[int]) -> StepPlan | None:
         self._preempted_only = not step.request_ids and bool(preempted)
@@ -326,6 +360,7 @@ class ContinuousScheduler:
                                       bool(running), req if prefix_cache else None, full)
                 if moved < 0:
                     self.kv_blocked = True
+                    self._blocked = (req, kv.num_free_blocks)
                     break
                 step.swap_in_tokens += moved * kv.block_size
             else:
@@ -336,6 +371,7 @@ class ContinuousScheduler:
                                    full_sequence_tokens=full)
                 if hits < 0:
                     self.kv_blocked = True
+                    self._blocked = (req, kv.num_free_blocks)
                     break
                 if hits:  # only from zero computed tokens: the lookup above saw the same
                     req.num_computed_tokens = hits
