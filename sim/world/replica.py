@@ -22,6 +22,7 @@ its replica's recorder and in the fleet's.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,14 +65,20 @@ class NextArrival:
     at_s: float = 0.0
 
 
-def _delay_to(now_s: float, at_s: float) -> float:
-    """A delay that SimPy adds to `now_s` to land exactly on `at_s` (the run's float sum)."""
-    delay_s = at_s - now_s
-    while now_s + delay_s < at_s:
-        delay_s = math.nextafter(delay_s, math.inf)
-    while now_s + delay_s > at_s:
-        delay_s = math.nextafter(delay_s, -math.inf)
-    return delay_s
+class _At(simpy.Event):
+    """An event at the instant `at_s` itself, where step by step's timeouts would have led.
+
+    No delay always lands there: now + delay rounds to the grid of the sum's binade,
+    and from some `now` only every other float of it can be reached. So the event
+    goes on SimPy's queue the way Environment.schedule puts a timeout there
+    (simpy 4.1's (time, priority, id, event) entries), with the exact time.
+    """
+
+    def __init__(self, env: simpy.Environment, at_s: float) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        heapq.heappush(env._queue, (at_s, simpy.core.NORMAL, next(env._eid), self))  # noqa: SLF001
 
 
 def _no_cache(_request: Request) -> int:
@@ -226,7 +233,9 @@ class Replica:
         self._run_arrivals = arrivals = []
         if self.observer is not None:
             self._run_feed = [ends_s[:steps], duration_s[:steps], run.kv_blocked, 0]
-        yield env.timeout(_delay_to(env.now, float(ends_s[steps])))
+        end_s = float(ends_s[steps])
+        yield _At(env, end_s)
+        assert env.now == end_s
         if self._run_feed is not None:
             self._feed_observer(math.inf)
             self._run_feed = None
