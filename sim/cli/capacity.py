@@ -22,16 +22,10 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from sim.config.capacity import capacity_report
-from sim.config.catalogue import get_hardware, get_model, model_from_fields
-from sim.config.specs import HardwareSpec, ModelSpec, check_tp
-from sim.core.plan import StepShape
-from sim.latency.roofline import RooflineLatency
-from sim.latency.roofline_terms import family_of
+if TYPE_CHECKING:  # loaded by the command, not by `servesim --help`
+    from sim.config.specs import HardwareSpec, ModelSpec
 
 DEFAULT_MODEL = "llama-3-8b"
 _GIB = 1024**3
@@ -200,6 +194,10 @@ def _parse_field(text: str) -> tuple[str, str]:
 
 
 def _load_model(args: argparse.Namespace) -> ModelSpec:
+    import yaml
+
+    from sim.config.catalogue import get_model, model_from_fields
+
     fields: dict[str, Any] = {}
     if args.model_file:
         path = Path(args.model_file)
@@ -220,6 +218,10 @@ def _load_model(args: argparse.Namespace) -> ModelSpec:
 def _roofline_decode(model: ModelSpec, hw: HardwareSpec, tp: int, r: dict[str, Any]
                      ) -> dict[str, Any]:
     """What the default latency model says one decode step of the sheet's batch takes."""
+    from sim.core.plan import StepShape
+    from sim.latency.roofline import RooflineLatency
+    from sim.latency.roofline_terms import family_of
+
     roofline = RooflineLatency(model, hw, tp=tp, dtype_bytes=r["dtype_bytes"])
     batch, ctx = r["batch_size"], r["context_tokens"]
     parts = roofline.breakdown(StepShape(num_decodes=batch, decode_context_sum=batch * ctx,
@@ -232,6 +234,10 @@ def _roofline_decode(model: ModelSpec, hw: HardwareSpec, tp: int, r: dict[str, A
 def run(args: argparse.Namespace) -> int:
     """Print the report; exit 1 when not one sequence fits, 2 (one line on stderr) on bad
     input."""
+    from sim.config.capacity import capacity_report
+    from sim.config.catalogue import get_hardware
+    from sim.config.specs import check_tp
+
     try:
         model = _load_model(args)
         hw = get_hardware(args.gpu)
