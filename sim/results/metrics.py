@@ -164,15 +164,17 @@ class RunRecorder:
         live = shape.decode_context_sum + n * np.arange(1, steps + 1, dtype=np.int64)
         self._itl.add_each(duration_s.tolist(), n)
         self._series.add_steps(start_s, duration_s, n, num_waiting, n, used, n, n, held, live)
-        # running sums, one step at a time as record_step adds them (a cumulative sum is
-        # sequential; a step without waste adds +0.0, which changes no float)
-        waste = np.where(held > live, (held - live) * duration_s, 0.0)
-        block = np.empty((4, steps + 1))
-        block[:, 0] = (self._busy_s, self._batch_x_s, self._padded_x_s, self._waste_x_s)
-        block[0, 1:], block[1, 1:], block[2, 1:] = duration_s, n * duration_s, padded * duration_s
-        block[3, 1:] = waste
-        (self._busy_s, self._batch_x_s, self._padded_x_s,
-         self._waste_x_s) = np.cumsum(block, axis=1)[:, -1].tolist()
+        busy, batch_x, padded_x, waste = (self._busy_s, self._batch_x_s, self._padded_x_s,
+                                          self._waste_x_s)
+        for d, h, live_tokens in zip(duration_s.tolist(), held.tolist(), live.tolist(),
+                                     strict=True):  # record_step's floats, in its order
+            if h > live_tokens:
+                waste += (h - live_tokens) * d
+            busy += d
+            batch_x += n * d
+            padded_x += padded * d
+        self._busy_s, self._batch_x_s, self._padded_x_s, self._waste_x_s = (busy, batch_x,
+                                                                            padded_x, waste)
         self._num_steps += steps
         self._slot_steps += padded * steps
         self._useful_slot_steps += n * steps

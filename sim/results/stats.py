@@ -250,8 +250,8 @@ class TimeBuckets:
                   kv_live: np.ndarray) -> None:
         """add() for each step in order (starts non-decreasing, every kv_held >= 0).
 
-        Each bucket's sums are running sums over its steps in order (a cumulative
-        sum is sequential), so every float equals add()'s one step at a time.
+        Each bucket's sums add the steps' terms in order, so every float equals
+        add()'s one step at a time.
         """
         start = 0
         total = len(duration_s)
@@ -271,33 +271,42 @@ class TimeBuckets:
                     batch_size: int, num_waiting: np.ndarray, num_running: int,
                     kv_blocks_used: np.ndarray, tokens: int, tokens_emitted: int,
                     kv_held: np.ndarray, kv_live: np.ndarray) -> None:
-        d = duration_s[part]
-        terms = np.stack((d, batch_size * d, num_waiting[part] * d, num_running * d,
-                          kv_blocks_used[part] * d, d, kv_held[part] * d, kv_live[part] * d))
-        cuts = np.flatnonzero(np.diff(idx)) + 1
-        bounds = [0, *cuts.tolist(), len(idx)]
-        waiting, used = num_waiting[part], kv_blocks_used[part]
-        sums = [self.busy_s, self.batch_x_s, self.waiting_x_s, self.running_x_s, self.kv_x_s,
-                self.kv_busy_s, self.held_x_s, self.live_x_s]
-        for lo, hi in zip(bounds, bounds[1:]):  # noqa: B905
-            i = int(idx[lo])
-            block = np.empty((len(sums), hi - lo + 1))
-            block[:, 0] = [column[i] for column in sums]
-            block[:, 1:] = terms[:, lo:hi]
-            for column, value in zip(sums, np.cumsum(block, axis=1)[:, -1].tolist()):  # noqa: B905
-                column[i] = value
+        """The steps of `part`, all within the covered range (bucket `idx` each), in order."""
+        buckets = idx.tolist()
+        durations = duration_s[part].tolist()
+        waiting, used = num_waiting[part].tolist(), kv_blocks_used[part].tolist()
+        held, live = kv_held[part].tolist(), kv_live[part].tolist()
+        cuts = [0, *(np.flatnonzero(np.diff(idx)) + 1).tolist(), len(buckets)]
+        for lo, hi in zip(cuts, cuts[1:]):  # noqa: B905 - one bucket's steps
+            i = buckets[lo]
+            busy, batch_x, waiting_x = self.busy_s[i], self.batch_x_s[i], self.waiting_x_s[i]
+            running_x, kv_x, kv_busy = self.running_x_s[i], self.kv_x_s[i], self.kv_busy_s[i]
+            held_x, live_x = self.held_x_s[i], self.live_x_s[i]
+            for j in range(lo, hi):  # add()'s floats, in its order
+                d = durations[j]
+                busy += d
+                batch_x += batch_size * d
+                waiting_x += waiting[j] * d
+                running_x += num_running * d
+                kv_x += used[j] * d
+                kv_busy += d
+                held_x += held[j] * d
+                live_x += live[j] * d
+            self.busy_s[i], self.batch_x_s[i], self.waiting_x_s[i] = busy, batch_x, waiting_x
+            self.running_x_s[i], self.kv_x_s[i], self.kv_busy_s[i] = running_x, kv_x, kv_busy
+            self.held_x_s[i], self.live_x_s[i] = held_x, live_x
             count = hi - lo
             self.steps[i] += count
             self.tokens[i] += tokens * count
             self.tokens_emitted[i] += tokens_emitted * count
             if batch_size > self.max_batch_size[i]:
                 self.max_batch_size[i] = batch_size
-            top = int(waiting[lo:hi].max())
+            top = max(waiting[lo:hi])
             if top > self.max_waiting[i]:
                 self.max_waiting[i] = top
             if num_running > self.max_running[i]:
                 self.max_running[i] = num_running
-            top = int(used[lo:hi].max())
+            top = max(used[lo:hi])
             if top > self.max_kv_blocks_used[i]:
                 self.max_kv_blocks_used[i] = top
 
