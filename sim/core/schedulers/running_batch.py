@@ -337,7 +337,19 @@ class RunningBatch:
         same order as step by step (each step's new blocks, then the blocks it filled named)."""
         rows, tables, bs = self._run_rows, self.tables, self.block_size
         n = len(self.reqs)
-        computed = self.state[COMPUTED, :n].tolist() if naming is not None else []
+        if naming is None:  # nothing between two steps' blocks: take them all in one call
+            order = [rid for s in range(steps) for rid in rows[s % bs][1]]
+            if order:
+                grown = kv.append_block_each(order)
+                assert grown is not None, "a decode run took more blocks than were free"
+                table_of = kv.block_table
+                for members, rids in rows[:steps]:
+                    for i, rid in zip(members, rids, strict=True):
+                        tables[i] = table_of(rid)
+            self.state[COMPUTED:DONE + 1, :n] += steps
+            self._run_rows = []
+            return
+        computed = self.state[COMPUTED, :n].tolist()
         for s in range(steps):
             members, rids = rows[s % bs]
             if members:
@@ -345,9 +357,8 @@ class RunningBatch:
                 assert grown is not None, "a decode run took more blocks than were free"
                 for i, table in zip(members, grown, strict=True):
                     tables[i] = table
-            if naming is not None:
-                members, rids = rows[(s + 1) % bs]
-                for i, rid in zip(members, rids, strict=True):
-                    naming.cache_computed(rid, computed[i] + s + 1)
+            members, rids = rows[(s + 1) % bs]
+            for i, rid in zip(members, rids, strict=True):
+                naming.cache_computed(rid, computed[i] + s + 1)
         self.state[COMPUTED:DONE + 1, :n] += steps
         self._run_rows = []
