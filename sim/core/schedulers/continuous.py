@@ -88,7 +88,8 @@ class ContinuousScheduler:
         self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is the next victim
-        self._in_flight: dict[int, Request] = {}
+        self._in_flight: dict[int, Request] = {}  # admitted and not finished (a queue of
+        # millions under overload holds nothing here)
         self._batch: RunningBatch | None = None  # set while the array path owns the counters
         self.preemption = preemption
         self._swap = preemption == "swap"
@@ -170,7 +171,6 @@ class ContinuousScheduler:
             request.reject(reason, now)
             return False
         self.waiting.append(request)
-        self._in_flight[request.request_id] = request
         return True
 
     def abort(self, request_id: int, now: float) -> Request | None:
@@ -381,6 +381,7 @@ class ContinuousScheduler:
                 req.prefix_hit_tokens = req.num_computed_tokens
             waiting.popleft()
             running.append(req)
+            self._in_flight[req.request_id] = req  # admitted: its steps are applied by id
             req.state = RequestState.RUNNING
             if req.first_scheduled_s is None:
                 req.first_scheduled_s = now
