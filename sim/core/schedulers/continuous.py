@@ -88,8 +88,7 @@ class ContinuousScheduler:
         self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is the next victim
-        self._in_flight: dict[int, Request] = {}  # admitted and not finished (a queue of
-        # millions under overload holds nothing here)
+        self._in_flight: dict[int, Request] = {}
         self._batch: RunningBatch | None = None  # set while the array path owns the counters
         self.preemption = preemption
         self._swap = preemption == "swap"
@@ -171,13 +170,14 @@ class ContinuousScheduler:
             request.reject(reason, now)
             return False
         self.waiting.append(request)
+        self._in_flight[request.request_id] = request
         return True
 
     def abort(self, request_id: int, now: float) -> Request | None:
         """Drop a waiting or running request between steps and free its KV (see Scheduler).
 
-        A running one leaves the array path's columns: the batch is synced and dropped,
-        and rebuilt by the next schedule() if the running set is still large.
+        A running one leaves the numpy columns: the batch is synced and dropped, and
+        rebuilt by the next schedule().
         """
         req = self._in_flight.pop(request_id, None)
         if req is None:
@@ -381,7 +381,6 @@ class ContinuousScheduler:
                 req.prefix_hit_tokens = req.num_computed_tokens
             waiting.popleft()
             running.append(req)
-            self._in_flight[req.request_id] = req  # admitted: its steps are applied by id
             req.state = RequestState.RUNNING
             if req.first_scheduled_s is None:
                 req.first_scheduled_s = now
