@@ -7,13 +7,13 @@ its own); the two checkouts alternate, round after round, so a busy machine
 slows both alike, and each figure is the median over the rounds. Ratios are
 new / base (RSS: base / new, so above 1 is better everywhere).
 
-    python benchmarks/bench_sim.py --base ../base             # every point but 10m, 3 rounds
-    python benchmarks/bench_sim.py --base ../base --only 2rps --rounds 5
+    python benchmarks/bench_sim.py --base BASE             # every point but 10m, 3 rounds
+    python benchmarks/bench_sim.py --base BASE --only 2rps --rounds 5
     python benchmarks/bench_sim.py --only 1m --rounds 1       # this checkout alone
     python benchmarks/bench_sim.py --point 10000 2            # one point here, as JSON
 
 `--base DIR`: a checkout with its own `.venv` (e.g. `git worktree add --detach
-../base main`). Points without a base run (1m, overload, 10m: the base needs
+BASE main`). Points without a base run (1m, overload, 10m: the base needs
 minutes to hours there) report this checkout's figures only. For this
 checkout a point also counts the events fast-forward leaves: each run of
 decode steps is one event, every other step one; the ceiling is steps /

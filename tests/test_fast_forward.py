@@ -189,7 +189,7 @@ def test_batched_pricing_equals_step_time(n, context_sum, pad, steps, model, tp,
                       decode_context_max=context_sum // n, padded_batch=n + pad)
     roof = RooflineLatency(get_model(model), get_hardware("h100-sxm"), tp=tp)
     table = TableLatency(TableFit("device", (0, 64, 512), 1.0 + a, (a, b * 1e3), b, b, a, a,
-                                  padded))
+                                  padded), cpu_step_s=a / 3, cpu_seq_s=b / 7)
     for latency in (roof, table):
         fast = latency.decode_run_s(shape, steps)
         assert fast.tolist() == [latency.step_time(decode_shape(shape, s))

@@ -225,7 +225,7 @@ class TableLatency:
                                               ).astype(np.float64)
         else:
             total = total + 0.0
-        return total + 0.0 + 0.0 + 0.0
+        return total + 0.0 + 0.0 + 0.0 + self.cpu_step_s + self.cpu_seq_s * n
 
     def step_time(self, shape: StepShape) -> float:
         """Seconds for one step; an empty shape launches nothing and costs 0 (but swaps)."""
