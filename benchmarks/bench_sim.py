@@ -1,23 +1,45 @@
-"""Simulator speed and memory: simulated requests per wall-second and peak RSS.
+"""Simulator speed and memory: this checkout against a base checkout, whole processes in turn.
 
 Azure-2023-conversation lengths (builtin:azure_conv, sampled with
-replacement), Poisson arrivals, continuous
-batching, Llama-3-8B on one H100 with the roofline model. Each point runs in
-a fresh process so its peak RSS is its own.
+replacement), Poisson arrivals, continuous batching, Llama-3-8B on one H100
+with the roofline model. Every point runs in a fresh process (its peak RSS is
+its own); the two checkouts alternate, round after round, so a busy machine
+slows both alike, and each figure is the median over the rounds. Ratios are
+new / base (RSS: base / new, so above 1 is better everywhere).
 
-    python benchmarks/bench_sim.py                 # N = 1k, 10k, 100k
-    python benchmarks/bench_sim.py --n 1000000 --rates 2
+    python benchmarks/bench_sim.py --base BASE             # every point but 10m, 3 rounds
+    python benchmarks/bench_sim.py --base BASE --only 2rps --rounds 5
+    python benchmarks/bench_sim.py --only 1m --rounds 1       # this checkout alone
+    python benchmarks/bench_sim.py --point 10000 2            # one point here, as JSON
+
+`--base DIR`: a checkout with its own `.venv` (e.g. `git worktree add --detach
+BASE main`). Points without a base run (1m, overload, 10m: the base needs
+minutes to hours there) report this checkout's figures only. For this
+checkout a point also counts the events fast-forward leaves: each run of
+decode steps is one event, every other step one; the ceiling is steps /
+events, the speed-up if an event's cost did not depend on what it covers.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import resource
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+# name: (requests, rate req/s, compared with the base); 243 req/s is 10x the 24.3 req/s one
+# H100 completes on these lengths when saturated
+POINTS = {"2rps": (10_000, 2.0, True), "saturating": (10_000, 200.0, True),
+          "1m": (1_000_000, 2.0, False), "overload": (1_000_000, 243.0, False),
+          "10m": (10_000_000, 2.0, False)}
+DEFAULT = ("help", "quickstart", "2rps", "saturating", "1m", "overload")
 
 
 def scenario_dict(num_requests: int, rate: float) -> dict:
@@ -32,46 +54,148 @@ def one_point(num_requests: int, rate: float) -> dict:
     from sim.config.scenario import Scenario
     from sim.experiments.run import run_scenario
 
+    runs = _count_runs()
     scenario = Scenario.model_validate(scenario_dict(num_requests, rate))
     rss_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
     result = run_scenario(scenario, show_progress=False)
     wall_s = time.perf_counter() - started
     s = result.summary
-    return {"n": num_requests, "rate": rate, "wall_s": wall_s,
-            "sim_req_per_wall_s": num_requests / wall_s,
-            "steps": s["num_steps"], "steps_per_wall_s": s["num_steps"] / wall_s,
-            "mean_batch": s["mean_batch_size"], "sim_duration_s": s["duration"],
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "rss_after_setup_mib": rss_before_kib / 1024}
+    row = {"n": num_requests, "rate": rate, "wall_s": wall_s,
+           "sim_req_per_wall_s": num_requests / wall_s,
+           "steps": s["num_steps"], "steps_per_wall_s": s["num_steps"] / wall_s,
+           "mean_batch": s["mean_batch_size"], "sim_duration_s": s["duration"],
+           "max_waiting": int(result.recorder.steps_frame()["max_waiting"].max()),
+           "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "rss_after_setup_mib": rss_before_kib / 1024}
+    if runs is not None:
+        row["decode_runs"], row["steps_in_runs"] = runs
+        row["events"] = s["num_steps"] - runs[1] + runs[0]
+    return row
+
+
+def _count_runs() -> list[int] | None:
+    """[runs, steps in them], counted as the scheduler applies them (None: no fast-forward)."""
+    from sim.core.schedulers.continuous import ContinuousScheduler
+
+    advance = getattr(ContinuousScheduler, "advance_decodes", None)
+    if advance is None:
+        return None
+    counts = [0, 0]
+
+    def counted(self: ContinuousScheduler, run: object, steps: int) -> None:
+        counts[0] += 1
+        counts[1] += steps
+        advance(self, run, steps)
+
+    ContinuousScheduler.advance_decodes = counted  # type: ignore[method-assign]
+    return counts
+
+
+def _python(checkout: Path) -> str:
+    return str(checkout / ".venv" / "bin" / "python")
+
+
+def measure(checkout: Path, point: str) -> dict:
+    """One whole process of `checkout` for `point`; wall_s is the process's, end to end."""
+    started = time.perf_counter()
+    if point in ("help", "quickstart"):
+        args = ["--help"] if point == "help" else [
+            "run", str(checkout / "scenarios" / "quickstart.yaml"), "--no-plots", "--out",
+            tempfile.mkdtemp(prefix="bench-quickstart-")]
+        subprocess.run([_python(checkout), "-m", "sim.cli", *args], check=True,
+                       capture_output=True, cwd=checkout)
+        return {"process_wall_s": time.perf_counter() - started}
+    n, rate, _ = POINTS[point]
+    out = subprocess.run([_python(checkout), str(checkout / "benchmarks" / "bench_sim.py"),
+                          "--point", str(n), str(rate)], check=True, capture_output=True,
+                         text=True, cwd=checkout)
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    row["process_wall_s"] = time.perf_counter() - started
+    return row
+
+
+def _median(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def report(point: str, new: list[dict], base: list[dict]) -> dict:
+    wall = _median(new, "process_wall_s")
+    line = {"point": point, "rounds": len(new), "new_process_wall_s": wall}
+    if point not in ("help", "quickstart"):
+        n = new[0]["n"]
+        line.update(steps=new[0]["steps"], new_req_per_wall_s=n / wall,
+                    new_steps_per_wall_s=new[0]["steps"] / wall,
+                    new_peak_rss_mib=_median(new, "peak_rss_mib"),
+                    max_waiting=new[0]["max_waiting"])
+        if "events" in new[0]:
+            line.update(events=new[0]["events"], decode_runs=new[0]["decode_runs"],
+                        ceiling=new[0]["steps"] / new[0]["events"])
+        if new[0]["max_waiting"] >= 1000:  # a queue long enough to weigh
+            grown = _median(new, "peak_rss_mib") - _median(new, "rss_after_setup_mib")
+            line["bytes_per_waiting"] = grown * 2**20 / new[0]["max_waiting"]
+    if base:
+        base_wall = _median(base, "process_wall_s")
+        line.update(base_process_wall_s=base_wall, speedup=base_wall / wall)
+        if point not in ("help", "quickstart"):
+            line["rss_ratio"] = _median(base, "peak_rss_mib") / line["new_peak_rss_mib"]
+    return line
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, nargs="+", default=[1_000, 10_000, 100_000])
-    parser.add_argument("--rates", type=float, nargs="+", default=[200.0, 2.0],
-                        help="req/s; 200 saturates one H100 on these lengths")
+    parser.add_argument("--base", type=Path, help="the checkout to compare against")
+    parser.add_argument("--only", nargs="+", choices=(*POINTS, "help", "quickstart"),
+                        default=list(DEFAULT))
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--point", nargs=2, type=float, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     if args.point:
         print(json.dumps(one_point(int(args.point[0]), args.point[1])))
         return
-    rows = []
-    header = (f"{'N':>9} {'rate':>6} {'wall s':>8} {'sim req/s':>10} {'steps/s':>9} "
-              f"{'mean batch':>10} {'peak RSS MiB':>12}")
-    print(header)
-    for rate in args.rates:
-        for n in args.n:
-            out = subprocess.run([sys.executable, __file__, "--point", str(n), str(rate)],
-                                 check=True, capture_output=True, text=True)
-            row = json.loads(out.stdout.strip().splitlines()[-1])
-            rows.append(row)
-            print(f"{n:>9} {rate:>6g} {row['wall_s']:>8.2f} {row['sim_req_per_wall_s']:>10.0f} "
-                  f"{row['steps_per_wall_s']:>9.0f} {row['mean_batch']:>10.1f} "
-                  f"{row['peak_rss_mib']:>12.0f}", flush=True)
+    new_rows: dict[str, list[dict]] = {p: [] for p in args.only}
+    base_rows: dict[str, list[dict]] = {p: [] for p in args.only}
+    for round_ in range(args.rounds):
+        for point in args.only:
+            compared = args.base is not None and (point in ("help", "quickstart")
+                                                  or POINTS[point][2])
+            if point in POINTS and not POINTS[point][2] and round_:
+                continue  # the long points run once
+            sides = [("new", HERE, new_rows)] + ([("base", args.base, base_rows)]
+                                                 if compared else [])
+            if round_ % 2:
+                sides.reverse()
+            for name, checkout, rows in sides:
+                rows[point].append(measure(checkout, point))
+                print(f"round {round_ + 1} {point} {name}: "
+                      f"{rows[point][-1]['process_wall_s']:.2f} s", file=sys.stderr, flush=True)
+    lines = [report(p, new_rows[p], base_rows[p]) for p in args.only]
+    machine = {"machine": platform.node(), "cpus": _cpus(), "python": platform.python_version(),
+               "commit": _commit(HERE), "base_commit": _commit(args.base) if args.base else None}
+    print(json.dumps(machine))
+    for line in lines:
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                          for k, v in line.items()}))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        args.json.write_text(json.dumps({"machine": machine, "points": lines}, indent=2))
+
+
+def _cpus() -> str:
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in
+                     Path("/proc/cpuinfo").read_text().splitlines() if "model name" in line)
+    except (OSError, StopIteration):
+        model = platform.processor()
+    import os
+
+    return f"{os.cpu_count()} x {model}"
+
+
+def _commit(checkout: Path) -> str:
+    out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True)
+    return out.stdout.strip()
 
 
 if __name__ == "__main__":

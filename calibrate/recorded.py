@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from gpu_engine.engine import StepLog
 from sim.assemble import build_replica, kv_budget
 from sim.config.scenario import Scenario
@@ -55,6 +57,10 @@ class RecordedSteps:
         self._next += 1
         return log.duration_s
 
+    def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
+        """Recorded times answer step by step only (resimulate turns fast-forward off)."""
+        raise Diverged("the engine's recorded step times are replayed one step at a time")
+
     def emitted(self, _plan: StepPlan) -> StepResult:
         """What the step just priced emitted per sequence on the engine (speculation)."""
         return StepResult((), self.steps[self._next - 1].num_emitted)
@@ -80,7 +86,9 @@ def resimulate_setup(scenario: Scenario, base_dir: Path | None, steps: Sequence[
     latency = RecordedSteps(steps)
     recorder = RunRecorder()
     speculate = latency.emitted if scenario.speculative.num_tokens else None
-    setup = ReplicaSetup(replica.scheduler, latency, recorder, replica.kv, speculate)
+    # one recorded time per step, in order: the step-by-step world
+    setup = ReplicaSetup(replica.scheduler, latency, recorder, replica.kv, speculate,
+                         fast_forward=False)
     simulate_fleet(make_requests(scenario.workload, scenario.seed, base_dir), [setup], None,
                    None, recorder)
     if latency.unused:

@@ -1,6 +1,6 @@
 """Compare servesim with recorded vLLM traces, step for step; print the first differing step.
 
-    python -m parity.compare [--trace FILE] [--path auto|each|batch] [--only NAME ...]
+    python -m parity.compare [--trace FILE] [--only NAME ...]
                              [--show N]
 
 Exit status 0 when every configuration matches, 1 when some differ, 2 on bad
@@ -95,17 +95,13 @@ def compare_all(configs: list[ParityConfig], recorded: dict[str, RunResult], sid
 
 
 def main(argv: list[str] | None = None) -> int:
-    from parity.servesim_side import PATHS, ServesimSide
+    from parity.servesim_side import ServesimSide
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    ap.add_argument("--path", default="auto", help=f"one of {', '.join(PATHS)}")
     ap.add_argument("--only", nargs="+", metavar="NAME")
     ap.add_argument("--show", type=int, default=5, help="mismatches to print in full")
     args = ap.parse_args(argv)
-    if args.path not in PATHS:
-        print(f"--path: {args.path!r} is not one of {', '.join(PATHS)}", file=sys.stderr)
-        return 2
     if not args.trace.exists():
         print(f"--trace: {args.trace} does not exist; record one with "
               "parity/record_vllm.py", file=sys.stderr)
@@ -120,11 +116,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         configs = [c for c in configs if c.name in set(args.only)]
 
-    results, steps, secs = compare_all(configs, recorded, lambda c: ServesimSide(c, args.path))
+    results, steps, secs = compare_all(configs, recorded, ServesimSide)
     bad = [m for m in results if m is not None]
     for m in bad[:args.show]:
         print(m.describe())
-    print(f"vLLM {meta.get('vllm_version')} vs servesim (path {args.path}): "
+    print(f"vLLM {meta.get('vllm_version')} vs servesim: "
           f"{len(configs) - len(bad)}/{len(configs)} "
           f"configurations identical; {steps} steps compared before any difference; "
           f"{1e3 * secs / max(1, len(configs)):.1f} ms per configuration")

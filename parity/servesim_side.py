@@ -1,10 +1,4 @@
-"""servesim's ContinuousScheduler + PagedBlockManager (sim.core only) behind parity.steps.Side.
-
-`path` picks the scheduler's implementation, since both must make vLLM's
-decisions: "auto" (the default hysteresis), "each" (the per-request path
-only) or "batch" (the array path from the first running request on; with
-speculation the scheduler runs the per-request path whatever it is told).
-"""
+"""servesim's ContinuousScheduler + PagedBlockManager (sim.core only) behind parity.steps.Side."""
 
 from __future__ import annotations
 
@@ -15,19 +9,15 @@ from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request
 from sim.core.schedulers import ContinuousScheduler
 
-PATHS = {"auto": 24, "each": 1 << 30, "batch": 1}  # -> ContinuousScheduler(vectorize_at=)
-
 
 class ServesimSide:
-    def __init__(self, config: ParityConfig, path: str = "auto") -> None:
-        if path not in PATHS:
-            raise ValueError(f"path must be one of {sorted(PATHS)}, got {path!r}")
+    def __init__(self, config: ParityConfig) -> None:
         self.kv = PagedBlockManager(config.num_blocks, config.block_size,
                                     watermark=config.watermark,
                                     enable_prefix_cache=config.prefix_caching)
         self.sched = ContinuousScheduler(
             self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill,
-            max_model_len=config.max_model_len, vectorize_at=PATHS[path],
+            max_model_len=config.max_model_len,
             speculative_tokens=config.speculative_tokens,
             speculative_method=config.speculative_method)
         self.requests: dict[int, Request] = {}

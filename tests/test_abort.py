@@ -58,16 +58,16 @@ def after(plans: list[StepPlan], rid: int) -> int:
 Build = Callable[[], tuple[Scheduler, KVManager]]
 
 
-def continuous(vectorize_at: int, preemption: str = "recompute", blocks: int = 200) -> Build:
+def continuous(preemption: str = "recompute", blocks: int = 200) -> Build:
     def build() -> tuple[Scheduler, KVManager]:
         kv = PagedBlockManager(blocks, 4, 0.0, enable_prefix_cache=True,
                                host_swap_blocks=400 if preemption == "swap" else 0)
         return ContinuousScheduler(kv, max_num_seqs=8, max_num_batched_tokens=32,
-                                   vectorize_at=vectorize_at, preemption=preemption), kv
+                                   preemption=preemption), kv
     return build
 
 
-@pytest.mark.parametrize("build", [continuous(100), continuous(1)], ids=["per-request", "array"])
+@pytest.mark.parametrize("build", [continuous()], ids=["continuous"])
 def test_continuous_abort_running_and_waiting(build: Build) -> None:
     requests = [Request(i, 0.0, 20 + i, 30) for i in range(12)]
     sched, kv = build()
@@ -82,7 +82,7 @@ def test_continuous_abort_running_and_waiting(build: Build) -> None:
 
 
 def test_continuous_abort_frees_blocks_at_once() -> None:
-    sched, kv = continuous(100)()
+    sched, kv = continuous()()
     a, b = Request(0, 0.0, 40, 50), Request(1, 0.0, 40, 50)
     sched.add(a, 0.0)
     sched.add(b, 0.0)
@@ -96,10 +96,9 @@ def test_continuous_abort_frees_blocks_at_once() -> None:
     assert sched.num_running == 1
 
 
-@pytest.mark.parametrize("vectorize_at", [100, 1])
-def test_continuous_abort_a_preempted_swapped_request(vectorize_at: int) -> None:
+def test_continuous_abort_a_preempted_swapped_request() -> None:
     # tight memory: long outputs preempt by swap; abort whoever sits swapped out
-    sched, kv = continuous(vectorize_at, "swap", blocks=40)()
+    sched, kv = continuous("swap", blocks=40)()
     requests = [Request(i, 0.0, 16, 60) for i in range(6)]
     for r in requests:
         sched.add(r, 0.0)
@@ -160,7 +159,7 @@ def test_the_simpy_world_aborts_between_steps_and_records_it() -> None:
     from sim.world.replica import Replica
 
     env = simpy.Environment()
-    sched, kv = continuous(100)()
+    sched, kv = continuous()()
     recorder = RunRecorder()
     replica = Replica(env, sched, FixedLatency(0.01), recorder)
     env.process(replica.run())

@@ -302,12 +302,12 @@ def test_ctrl_c_exits_130_with_one_line_and_keeps_the_old_result(
 
 def test_a_closed_pipe_ends_quietly(monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
-    import sim.cli.schema
+    import sim.cli.schema_doc
 
     def closed(docs: object) -> str:
         raise BrokenPipeError
 
-    monkeypatch.setattr(sim.cli.schema, "format_schema", closed)
+    monkeypatch.setattr(sim.cli.schema_doc, "format_schema", closed)
     assert main(["schema"]) == 141
     assert capsys.readouterr().err == ""
 

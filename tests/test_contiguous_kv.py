@@ -205,11 +205,11 @@ workloads = st.lists(st.tuples(st.floats(0, 3), st.integers(1, 200), st.integers
 
 @settings(max_examples=60, deadline=None)
 @given(workloads, st.integers(8, 120), st.sampled_from([1, 4, 16]), st.integers(1, 10),
-       st.integers(16, 400), st.sampled_from([1, 3, 24]))
+       st.integers(16, 400))
 def test_paged_holds_under_one_block_per_sequence_beyond_live_tokens(
-        spec, num_blocks, block_size, max_seqs, budget, vectorize_at) -> None:
+        spec, num_blocks, block_size, max_seqs, budget) -> None:
     kv = PagedBlockManager(num_blocks, block_size, watermark=0.01)
-    sched = ContinuousScheduler(kv, max_seqs, max(budget, max_seqs), True, 300, vectorize_at)
+    sched = ContinuousScheduler(kv, max_seqs, max(budget, max_seqs), True, 300)
     requests = [Request(i, a, p, o) for i, (a, p, o) in enumerate(spec)]
 
     def check(plan: StepPlan, now: float) -> None:
@@ -234,11 +234,11 @@ def waste_of(kv: PagedBlockManager, request_id: int, live: int) -> int:
 
 @settings(max_examples=50, deadline=None)
 @given(workloads, st.integers(8, 200), st.sampled_from([1, 4, 16]), st.integers(1, 8),
-       st.one_of(st.none(), st.integers(1, 60)), st.sampled_from([1, 24]))
+       st.one_of(st.none(), st.integers(1, 60)))
 def test_continuous_on_contiguous_conserves_requests(spec, num_blocks, block_size, max_seqs,
-                                                     max_output, vectorize_at) -> None:
+                                                     max_output) -> None:
     kv = ContiguousAllocator(num_blocks, block_size, watermark=0.01)
-    sched = ContinuousScheduler(kv, max_seqs, 256, True, 260, vectorize_at, max_output)
+    sched = ContinuousScheduler(kv, max_seqs, 256, True, 260, max_output_tokens=max_output)
     requests = [Request(i, a, p, o) for i, (a, p, o) in enumerate(spec)]
     done, plans = run_steps(sched, requests, after=sched.kv.check_invariants)
     assert sorted(r.request_id for r in done) == list(range(len(requests)))  # each once

@@ -1,9 +1,7 @@
 """The continuous scheduler driven with a virtual clock over random workloads."""
 
-import random
 from collections.abc import Callable
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -121,100 +119,9 @@ def test_same_inputs_same_plans() -> None:
     assert run() == run()
 
 
-def _lockstep(requests: list[Request], twins: list[Request], fast: ContinuousScheduler,
-              ref: ContinuousScheduler, step_s: Callable[[StepShape], float]) -> int:
-    """Drive two schedulers with the same clock; assert equal plans and finish lists."""
-    pending = sorted(range(len(requests)), key=lambda k: requests[k].arrival_s)
-    now, i, steps = 0.0, 0, 0
-    while i < len(pending) or ref.has_unfinished():
-        while i < len(pending) and requests[pending[i]].arrival_s <= now:
-            k = pending[i]
-            assert fast.add(requests[k], now) == ref.add(twins[k], now)
-            i += 1
-        plan, expected = fast.schedule(now), ref.schedule(now)
-        assert plan == expected, f"step {steps}"
-        assert fast.has_unfinished() == ref.has_unfinished()
-        if plan is None:
-            if i == len(pending):
-                break
-            now = requests[pending[i]].arrival_s
-            continue
-        now += step_s(plan.shape)
-        done = fast.on_step_done(plan, StepResult(), now)
-        assert [r.request_id for r in done] == [
-            r.request_id for r in ref.on_step_done(expected, StepResult(), now)]
-        assert (fast.num_running, fast.num_waiting, fast.kv_blocks_used) == (
-            ref.num_running, ref.num_waiting, ref.kv_blocks_used)
-        fast.kv.check_invariants()
-        ref.kv.check_invariants()
-        steps += 1
-        assert steps < 200_000, "run did not end"
-    return steps
-
-
-def _fields(r: Request) -> tuple:
-    return (r.state, r.num_computed_tokens, r.num_output_done, r.first_scheduled_s,
-            r.first_token_s, r.finish_s, r.num_preemptions, r.rejection_reason,
-            r.prefix_hit_tokens)
-
-
-def _per_request(kv: PagedBlockManager, *args) -> ContinuousScheduler:
-    """The per-request path only: the twin the array path must agree with."""
-    return ContinuousScheduler(kv, *args, vectorize_at=10**9)
-
-
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 3), st.integers(1, 400), st.integers(1, 80),
-                          st.integers(0, 3)), min_size=1, max_size=60),
-       st.integers(4, 400), st.sampled_from([1, 2, 4, 16]), st.integers(1, 64),
-       st.integers(1, 1024), st.booleans(), st.sampled_from([1, 2, 3, 5]),
-       st.sampled_from([0.0, 0.01, 0.1]), st.booleans())
-def test_array_path_plans_identical_to_per_request_path(spec, num_blocks, block_size, max_seqs,
-                                                         budget, chunked, vectorize_at,
-                                                         watermark, prefix) -> None:
-    """The array path and the mode switches change nothing: same plans, blocks, timestamps.
-
-    (What both must equal is vLLM's own scheduler: tests/test_vllm_parity.py.)
-    """
-    budget = max(budget, max_seqs)
-    kvs = [PagedBlockManager(num_blocks, block_size, watermark, enable_prefix_cache=prefix)
-           for _ in range(2)]
-    fast = ContinuousScheduler(kvs[0], max_seqs, budget, chunked, 500, vectorize_at)
-    ref = _per_request(kvs[1], max_seqs, budget, chunked, 500)
-
-    def request(i: int, a: float, p: int, o: int, group: int) -> Request:
-        # group > 0: prompts sharing a group's leading tokens, so prefix hits happen
-        ids = tuple(range(group * 1000, group * 1000 + p)) if group else None
-        return Request(i, a, p, o, prompt_token_ids=ids)
-
-    requests = [request(i, *row) for i, row in enumerate(spec)]
-    twins = [request(i, *row) for i, row in enumerate(spec)]
-    _lockstep(requests, twins, fast, ref, lambda s: 0.01 + 1e-5 * s.num_tokens)
-    assert [_fields(r) for r in requests] == [_fields(r) for r in twins]
-    assert kvs[0].num_used_blocks == 0
-
-
-@pytest.mark.parametrize("prefix", [False, True])
-def test_identical_under_load_with_preemption(prefix: bool) -> None:
-    """A batch in the hundreds on a pool that runs dry: the array path's common case."""
-    rng = random.Random(7)
-    spec = [(rng.uniform(0, 2), rng.randint(1, 600), rng.randint(1, 120)) for _ in range(600)]
-    for num_blocks, vectorize_at in [(400, 24), (3000, 24), (400, 1)]:
-        kvs = [PagedBlockManager(num_blocks, 16, 0.01, enable_prefix_cache=prefix)
-               for _ in range(2)]
-        fast = ContinuousScheduler(kvs[0], 256, 2048, True, None, vectorize_at)
-        ref = _per_request(kvs[1], 256, 2048, True, None)
-        requests = [Request(i, a, p, o) for i, (a, p, o) in enumerate(spec)]
-        twins = [Request(i, a, p, o) for i, (a, p, o) in enumerate(spec)]
-        steps = _lockstep(requests, twins, fast, ref, lambda s: 0.005 + 2e-6 * s.num_tokens)
-        assert steps > 100
-        assert [_fields(r) for r in requests] == [_fields(r) for r in twins]
-    assert any(r.num_preemptions for r in twins), "the small pool must preempt"
-
-
 def test_sync_requests_makes_running_counters_exact() -> None:
     kv = PagedBlockManager(200, 4)
-    sched = ContinuousScheduler(kv, 8, 64, vectorize_at=1)
+    sched = ContinuousScheduler(kv, 8, 64)
     reqs = [Request(i, 0.0, 10, 50) for i in range(4)]
     for r in reqs:
         sched.add(r, 0.0)

@@ -36,3 +36,33 @@ def test_the_engine_loads_no_simpy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"the engine loaded {out.stdout.strip()}"
+
+
+HEAVY = ("numpy", "pandas", "matplotlib", "scipy", "pydantic", "yaml", "simpy", "torch")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["schema", "--help"]])
+def test_help_loads_no_heavy_library(argv: list[str]) -> None:
+    """`servesim --help` builds the parser only: every command loads its libraries when run."""
+    code = (
+        "import contextlib, io, sys\nfrom sim.cli import main\n"
+        f"with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    main({argv!r})\n"
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"servesim {' '.join(argv)} loaded {out.stdout.strip()}"
+
+
+def test_a_run_without_plots_loads_neither_matplotlib_nor_scipy(tmp_path) -> None:  # noqa: ANN001
+    code = (
+        "import sys\nfrom pathlib import Path\n"
+        "from sim.config.loader import load_scenario\n"
+        "from sim.experiments.outputs import write_outputs\n"
+        "from sim.experiments.run import run_scenario\n"
+        "sc, _ = load_scenario(None, ['workload.num_requests=30'])\n"
+        f"write_outputs(run_scenario(sc, show_progress=False), Path({str(tmp_path)!r}), False)\n"
+        "print(','.join(m for m in ('matplotlib', 'scipy') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"a run loaded {out.stdout.strip()}"

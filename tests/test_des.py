@@ -36,6 +36,9 @@ class FixedLatency:
             raise RuntimeError("simulation did not end: livelock")
         return self.step_s
 
+    def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
+        return np.full(steps, self.step_s)
+
 
 class SpyRecorder(RunRecorder):
     """A real recorder that also keeps each step's start time and plan, for assertions."""
@@ -77,7 +80,8 @@ def run(requests: list[Request], sched: ContinuousScheduler,
     def lazy() -> Iterator[Request]:
         yield from requests
 
-    end_s = simulate(lazy(), sched, latency, recorder, on_done=done.append)
+    # the spy keeps every step's plan: one event per step
+    end_s = simulate(lazy(), sched, latency, recorder, on_done=done.append, fast_forward=False)
     return recorder, end_s, sum(done)
 
 

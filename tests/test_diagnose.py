@@ -60,7 +60,7 @@ def small_runs(draw: st.DrawFn) -> tuple[list[Request], object]:
         seqs = draw(st.integers(1, 12))
         sched: object = ContinuousScheduler(
             kv, seqs, max(seqs, draw(st.integers(16, 400))), draw(st.booleans()),
-            preemption="swap" if swap else "recompute", vectorize_at=draw(st.sampled_from([2, 24])))
+            preemption="swap" if swap else "recompute")
     else:
         cls = StaticScheduler if policy == "static" else DynamicScheduler
         kv = ContiguousAllocator(blocks, block, 0.0)

@@ -3,6 +3,7 @@ timestamps, float for float; and it refuses to spin when a scheduler livelocks."
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from sim.config.loader import validate_scenario
@@ -12,6 +13,7 @@ from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepPlan, StepShape
 from sim.core.request import Request
 from sim.core.schedulers import ContinuousScheduler, DynamicScheduler, StaticScheduler
+from sim.latency.runs import each_step_s
 from sim.results.metrics import RunRecorder
 from sim.workload import make_requests
 from sim.world.fleet import simulate
@@ -28,6 +30,9 @@ class PlanLog:
     def step_time(self, shape: StepShape) -> float:
         self.shapes.append(shape)
         return default_step_s(shape)
+
+    def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
+        return each_step_s(default_step_s, shape, steps)  # priced, not logged
 
 
 def requests(seed: int) -> list[Request]:
@@ -52,12 +57,15 @@ def test_the_driver_and_the_simpy_world_agree_float_for_float(policy: str) -> No
     ours, theirs = requests(3), requests(3)
     _, plans = run_steps(SCHEDULERS[policy](), ours)
     latency = PlanLog()
-    simulate(theirs, SCHEDULERS[policy](), latency, RunRecorder())
+    simulate(theirs, SCHEDULERS[policy](), latency, RunRecorder(), fast_forward=False)
     assert [p.shape for p in plans] == latency.shapes and len(plans) > 50
     if policy.startswith("continuous"):
         assert any(p.preempted_ids for p in plans), "the pool must be small enough to preempt"
     stamps = [(r.first_scheduled_s, r.first_token_s, r.finish_s) for r in ours]
     assert stamps == [(r.first_scheduled_s, r.first_token_s, r.finish_s) for r in theirs]
+    forwarded = requests(3)  # decode runs as single events: the same instants
+    simulate(forwarded, SCHEDULERS[policy](), PlanLog(), RunRecorder())
+    assert stamps == [(r.first_scheduled_s, r.first_token_s, r.finish_s) for r in forwarded]
 
 
 class Stuck:

@@ -70,8 +70,10 @@ def scenario(**sections: object) -> Scenario:
 def simulate_plans(sc: Scenario) -> SpyRecorder:
     recorder = SpyRecorder()
     kv = build_block_manager(sc, kv_budget(sc))
+    # plan for plan against the engine: the simulator's step-by-step world (the spy keeps
+    # each step; fast-forward's equality to it is tests/test_fast_forward.py)
     simulate(make_requests(sc.workload, sc.seed), build_scheduler(sc, kv), build_latency(sc),
-             recorder)
+             recorder, fast_forward=False)
     return recorder
 
 
@@ -181,7 +183,8 @@ def test_recorded_steps_catch_a_world_that_differs() -> None:
         recorder = SpyRecorder()
         kv = build_block_manager(sc, kv_budget(sc))
         simulate_fleet(make_requests(sc.workload, sc.seed), [ReplicaSetup(build_scheduler(sc, kv),
-                                                     RecordedSteps(steps), recorder, kv)],
+                                                     RecordedSteps(steps), recorder, kv,
+                                                     fast_forward=False)],
                        None, None, recorder)
         return recorder.requests_frame()
 

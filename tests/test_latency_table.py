@@ -23,6 +23,7 @@ from sim.config.costs import kv_bytes_per_token
 from sim.config.loader import load_scenario
 from sim.config.scenario import Scenario
 from sim.config.yaml_input import ScenarioError
+from sim.core.decode_run import decode_shape
 from sim.core.plan import StepShape
 from sim.experiments.run import run_scenario
 from sim.latency import LatencyModel, TableLatency, table_files
@@ -343,6 +344,11 @@ class Spy:
     def step_time(self, shape: StepShape) -> float:
         seconds = self.inner.step_time(shape)
         self.calls.append((shape, seconds))
+        return seconds
+
+    def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
+        seconds = self.inner.decode_run_s(shape, steps)
+        self.calls += [(decode_shape(shape, s), x) for s, x in enumerate(seconds.tolist())]
         return seconds
 
 

@@ -16,7 +16,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sim.cli.schema import field_docs
+from sim.cli.schema_doc import field_docs
 from sim.config.loader import load_scenario
 from sim.config.scenario import Scenario
 from sim.config.yaml_input import ScenarioError

@@ -14,7 +14,7 @@ import sim.config.sections
 import sim.config.speculative
 import sim.config.workload
 from sim.cli import build_parser, main
-from sim.cli.schema import field_docs
+from sim.cli.schema_doc import field_docs
 from sim.config.scenario import SCHEMA_VERSION, Scenario
 
 

@@ -202,17 +202,17 @@ def test_budget_caps_drafts() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 120), st.integers(1, 60)), min_size=1, max_size=25),
        st.integers(12, 120), st.sampled_from([1, 4, 16]), st.integers(1, 8), st.integers(1, 8),
-       st.sampled_from([0.0, 0.4, 0.8, 1.0]), st.booleans(), st.sampled_from([1, 24]),
+       st.sampled_from([0.0, 0.4, 0.8, 1.0]), st.booleans(),
        st.sampled_from(["paged", "contiguous", "swap"]))
 def test_kv_never_leaks_speculative_blocks(spec, num_blocks, block_size, max_seqs, k, alpha,
-                                           chunked, vectorize_at, pool) -> None:
+                                           chunked, pool) -> None:
     budget = max(64, max_seqs)
     if pool == "contiguous":
         kv = ContiguousAllocator(num_blocks, block_size, 0.0)
     else:
         kv = PagedBlockManager(num_blocks, block_size, 0.01,
                                host_swap_blocks=40 if pool == "swap" else 0)
-    sched = ContinuousScheduler(kv, max_seqs, budget, chunked, 200, vectorize_at,
+    sched = ContinuousScheduler(kv, max_seqs, budget, chunked, 200,
                                 preemption="swap" if pool == "swap" else "recompute",
                                 speculative_tokens=k)
     reqs = [Request(i, 0.0, p, o) for i, (p, o) in enumerate(spec)]

@@ -2,11 +2,10 @@
 
 parity/record_vllm.py ran vLLM's v1 Scheduler on every configuration of
 parity/configs.py; here servesim replays the same configurations through the
-same step loop and must make the same decision at every step, on every
-scheduling path it has: the per-request path, the array path, and the
-default that switches between them (speculation has the per-request path
-only). The recorded trace is the scheduler's oracle; a newer vLLM is
-`python -m parity.record_vllm` in its venv (parity/NOTES.md).
+same step loop and must make the same decision at every step (the running
+set in numpy columns; speculation on its per-request loop). The recorded
+trace is the scheduler's oracle; a newer vLLM is `python -m
+parity.record_vllm` in its venv (parity/NOTES.md).
 """
 
 from __future__ import annotations
@@ -28,12 +27,6 @@ BY_NAME = {c.name: c for c in CONFIGS}
 META, RECORDED = load_recorded(DEFAULT_TRACE)
 
 
-def _cases() -> list:
-    cases = []
-    for config in CONFIGS:
-        paths = ("each",) if config.speculative_tokens else ("each", "batch", "auto")
-        cases += [pytest.param(config.name, path, id=f"{config.name}-{path}") for path in paths]
-    return cases
 
 
 def test_recorded_trace_is_vllm_0_32_on_these_configurations() -> None:
@@ -75,10 +68,10 @@ def test_configurations_cover_what_issue_14_asks_for() -> None:
     assert hits > 100 and preempted >= 50 and drafting > 1000
 
 
-@pytest.mark.parametrize(("name", "path"), _cases())
-def test_servesim_makes_vllms_decisions(name: str, path: str) -> None:
+@pytest.mark.parametrize("name", [c.name for c in CONFIGS])
+def test_servesim_makes_vllms_decisions(name: str) -> None:
     config = BY_NAME[name]
-    mismatch = first_difference(RECORDED[name], run_config(config, ServesimSide(config, path)))
+    mismatch = first_difference(RECORDED[name], run_config(config, ServesimSide(config)))
     assert mismatch is None, mismatch.describe()
 
 
@@ -86,7 +79,7 @@ class _Watching(ServesimSide):
     """The servesim side, counting the special cases its plans (= vLLM's) go through."""
 
     def __init__(self, config) -> None:
-        super().__init__(config, "each")
+        super().__init__(config)
         self.k, self.limit = config.speculative_tokens, config.max_model_len
         self.seen = Counter()
 

@@ -19,16 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sim.cli.capacity_args import DEFAULT_MODEL, context_tokens, load_model, number, positive_int
-from sim.config.capacity import capacity_report
-from sim.config.catalogue import get_hardware
+from sim.config.catalogue import DEFAULT_MODEL  # plain Python, as is dtypes: the help text
 from sim.config.dtypes import DTYPE_NAMES
-from sim.config.specs import HardwareSpec, ModelSpec, check_ep, check_tp
-from sim.core.plan import StepShape
-from sim.latency.roofline import RooflineLatency
-from sim.latency.roofline_terms import family_of
+
+if TYPE_CHECKING:  # loaded by the command, not by `servesim --help`
+    from sim.config.specs import HardwareSpec, ModelSpec
 
 _GIB = 1024**3
 GPUS_PER_NODE = 8  # tensor parallelism past one node's NVLink domain is rare in practice
@@ -229,6 +226,10 @@ def format_report(r: dict[str, Any]) -> str:
 def _roofline_decode(model: ModelSpec, hw: HardwareSpec, tp: int, ep: int, r: dict[str, Any]
                      ) -> dict[str, Any]:
     """What the default latency model says one decode step of the sheet's batch takes."""
+    from sim.core.plan import StepShape
+    from sim.latency.roofline import RooflineLatency
+    from sim.latency.roofline_terms import family_of
+
     roofline = RooflineLatency(model, hw, tp=tp, ep=ep)
     batch, ctx = r["batch_size"], r["context_tokens"]
     parts = roofline.breakdown(StepShape(num_decodes=batch, decode_context_sum=batch * ctx,
@@ -241,6 +242,11 @@ def _roofline_decode(model: ModelSpec, hw: HardwareSpec, tp: int, ep: int, r: di
 def run(args: argparse.Namespace) -> int:
     """Print the report; exit 1 when not one sequence fits, 2 (one line on stderr) on bad
     input."""
+    from sim.cli.capacity_args import context_tokens, load_model, number, positive_int
+    from sim.config.capacity import capacity_report
+    from sim.config.catalogue import get_hardware
+    from sim.config.specs import check_ep, check_tp
+
     try:
         model = load_model(args)
         hw = get_hardware(args.gpu)

@@ -12,12 +12,10 @@ from typing import Any
 
 import yaml
 
-from sim.config.catalogue import get_model, model_from_fields, spec_fields
+from sim.config.catalogue import DEFAULT_MODEL, get_model, model_from_fields, spec_fields
 from sim.config.dtypes import get_dtype
 from sim.config.hf_config import read_hf_config
 from sim.config.specs import ModelSpec
-
-DEFAULT_MODEL = "llama-3-8b"
 
 
 def number(kind: Callable[[str], float], flag: str, text: str, allowed: str,

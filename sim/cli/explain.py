@@ -11,8 +11,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # loaded by the commands, not by `servesim --help`
+    import pandas as pd
 
 POLICIES = ("static", "dynamic", "continuous")
 
@@ -41,6 +43,8 @@ def check_png_path(path: Path) -> None:
 
 def load_run(run_dir: str | Path) -> tuple[pd.DataFrame, str]:
     """requests.csv of a finished run and its scheduling policy (from summary.json)."""
+    import pandas as pd
+
     run_dir = Path(run_dir)
     requests = run_dir / "requests.csv"
     if not requests.is_file():

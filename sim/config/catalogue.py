@@ -16,6 +16,8 @@ from typing import Any
 from sim.config.hf_config import read_hf_config
 from sim.config.specs import HardwareSpec, ModelSpec, RopeScaling
 
+DEFAULT_MODEL = "llama-3-8b"  # the catalogue model a command takes when none is named
+
 
 def _llama3(name: str, layers: int, hidden: int, heads: int, intermediate: int,
             context: int, scaling: RopeScaling | None = None) -> ModelSpec:

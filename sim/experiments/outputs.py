@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.plots.run import plot_run
 from sim.results.files import write_replicas, write_run_files, write_timeline
 from sim.results.run import RunResult
 
@@ -23,7 +22,9 @@ def write_outputs(result: RunResult, out_dir: Path, plots: bool = True) -> list[
         written.append(write_replicas(out_dir, result.summary.get("replicas", [])))
     if result.timeline is not None:
         written.append(write_timeline(out_dir, result.timeline))
-    if plots:
+    if plots:  # matplotlib loads only when pictures are drawn
+        from sim.plots.run import plot_run
+
         replica_series = [r.steps_frame() for r in result.replica_recorders] if fleet else []
         written += plot_run(out_dir, result.summary, requests, series, replica_series,
                             result.timeline)

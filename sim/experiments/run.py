@@ -33,13 +33,15 @@ from sim.world.speculation import build_speculation
 
 
 def run_scenario(scenario: Scenario, base_dir: Path | None = None,
-                 show_progress: bool = True, timeline: int = 0) -> RunResult:
+                 show_progress: bool = True, timeline: int = 0, *,
+                 fast_forward: bool = True) -> RunResult:
     """Simulate `scenario.replicas` identical replicas behind its router.
 
     Each replica gets its own block manager, scheduler and latency model from
     sim.assemble; one replica's recorder is the fleet's, so a single
     replica records exactly as before. Every replica diagnoses its requests' TTFT
     (sim.observe.diagnose); `timeline` > 0 also traces that many requests, spread over the run.
+    `fast_forward=False`: every step its own event (the oracle the default must equal).
     """
     budget = kv_budget(scenario)
     recorder = RunRecorder()
@@ -49,7 +51,8 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
         latency_model = with_draft(scenario, build_latency(scenario, base_dir))
         setups.append(ReplicaSetup(parts.scheduler, latency_model,
                                    recorder if scenario.replicas == 1 else RunRecorder(),
-                                   parts.kv, build_speculation(scenario)))
+                                   parts.kv, build_speculation(scenario),
+                                   fast_forward=fast_forward))
     traced = choose_requests(array("q", (r.request_id for r in make_requests(
         scenario.workload, scenario.seed, base_dir))), timeline) if timeline else frozenset()
     setups = observe(setups, traced)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from sim.core.plan import StepShape
 from sim.latency.fixed import FixedLatency
 from sim.latency.roofline import RooflineLatency
+from sim.latency.runs import each_step_s
 from sim.latency.table import TableLatency
 
 
@@ -20,5 +23,10 @@ class LatencyModel(Protocol):
         """Seconds the step takes, from launch to tokens available."""
         ...
 
+    def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
+        """step_time of each step of a decode run from `shape` (sim.core.decode_run), float for
+        float; must not count or record anything: the world may run fewer than it prices."""
+        ...
 
-__all__ = ["FixedLatency", "LatencyModel", "RooflineLatency", "TableLatency"]
+
+__all__ = ["FixedLatency", "LatencyModel", "RooflineLatency", "TableLatency", "each_step_s"]

@@ -14,9 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
+
 from sim.core.plan import StepShape
 from sim.latency import LatencyModel
 from sim.latency.roofline import RooflineLatency
+from sim.latency.runs import each_step_s
 
 if TYPE_CHECKING:
     from sim.config.scenario import Scenario
@@ -86,6 +89,9 @@ class SpeculativeLatency:
 
     def step_time(self, shape: StepShape) -> float:
         return self.target.step_time(shape) + self.draft.draft_time_s(shape)
+
+    def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
+        return each_step_s(self.step_time, shape, steps)
 
 
 def draft_cost(scenario: Scenario) -> DraftCost:

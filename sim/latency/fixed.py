@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from sim.core.plan import StepShape
 
 
@@ -27,3 +29,7 @@ class FixedLatency:
 
     def step_time(self, shape: StepShape) -> float:
         return self.step_s
+
+    def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
+        """Each step of a decode run: `step_s`, whatever the context grows to."""
+        return np.full(steps, self.step_s, dtype=np.float64)

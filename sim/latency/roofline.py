@@ -40,6 +40,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from sim.config.attention import attended_tokens, layer_bytes_per_token, layer_counts
 from sim.config.costs import (
     allreduce_time_s,
@@ -311,6 +313,30 @@ class RooflineLatency:
         """Seconds for one step; an empty shape launches nothing and costs 0 (but swaps)."""
         swapped = shape.swap_out_tokens + shape.swap_in_tokens
         return sum(self._parts(shape)) + (self.swap_time_s(shape) if swapped else 0.0)
+
+    def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
+        """step_time of each step of a decode run (sim.core.decode_run): only attention
+        grows with the contexts, so the other parts are priced once and each step's sum is
+        step_time's, part for part in the same order (plain floats: numpy's power could
+        round differently). Mirrors _counts for a decode-only shape."""
+        parts = self._parts(shape)
+        if not parts:
+            return np.zeros(steps)
+        gemms_s, small_s, _, lm_head_s, cpu_s, collectives_s = parts
+        n, p = shape.num_decodes, self._p
+        pair_flops, kv_bytes = self._attn_flops_per_pair, self._kv_bytes_per_token
+        flops_per_s, bytes_per_s, layers = self._flops_per_s, self._bytes_per_s, self._attn_layers
+        out = []
+        for s in range(steps):
+            context = self._attended(shape.decode_context_sum + s * n, n)
+            pairs = 0.0
+            pairs += context + n  # each decode also attends to itself
+            kv_tokens = float(context + 0 + n + 0)
+            attention = layers * attention_s(pairs * pair_flops, kv_tokens * kv_bytes,
+                                             flops_per_s, bytes_per_s, p) if pairs else 0.0
+            out.append(sum((gemms_s, small_s, attention, lm_head_s, cpu_s, collectives_s))
+                       + 0.0)
+        return np.array(out)
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Every term of step_time (and the kernels' ideal compute and HBM time)."""

@@ -208,6 +208,25 @@ class TableLatency:
             return self._values_s[0]
         return self._values_s[i] + self._slopes_s[i] * (rows - knots[i])
 
+    def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
+        """step_time of each step of a decode run (sim.core.decode_run), in numpy: the same
+        terms added in the same order (the zero ones too) for a decode-only shape."""
+        n = shape.num_decodes
+        grow = np.arange(steps, dtype=np.int64)
+        rows = n + (shape.padded_batch - n if shape.padded_batch > n else 0)
+        knots = self._knots
+        i = bisect_right(knots, rows) - 1
+        linear_s = (self._values_s[i] + self._slopes_s[i] * (rows - knots[i]) if i >= 0
+                    else self._values_s[0])
+        a, b, c, d = self._others_s
+        total = linear_s + a * 0.0 + b * (shape.decode_context_sum + n * grow) + c * 0 + d * n
+        if self._padded_s:
+            total = total + self._padded_s * (n * (shape.decode_context_max + 1 + grow)
+                                              ).astype(np.float64)
+        else:
+            total = total + 0.0
+        return total + 0.0 + 0.0 + 0.0 + self.cpu_step_s + self.cpu_seq_s * n
+
     def step_time(self, shape: StepShape) -> float:
         """Seconds for one step; an empty shape launches nothing and costs 0 (but swaps)."""
         swapped = shape.swap_out_tokens + shape.swap_in_tokens

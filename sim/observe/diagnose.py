@@ -196,3 +196,13 @@ class ReplicaObserver:
         self.diagnoser.on_step(start_s, duration_s, plan)
         if self.tracer is not None:
             self.tracer.on_step(start_s, duration_s, plan)
+
+    @property
+    def takes_decode_runs(self) -> bool:
+        """Decode-only steps move only the wait clock (the diagnosis skips them); a traced
+        request's timeline needs every step."""
+        return self.tracer is None
+
+    def on_decode_steps(self, start_s: np.ndarray, duration_s: np.ndarray,
+                        kv_blocked: bool) -> None:
+        self.clock.on_decode_steps(start_s, duration_s, kv_blocked)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import heapq
 
+import numpy as np
+
 from sim.core.plan import StepPlan
 from sim.core.request import Request
 
@@ -61,6 +63,14 @@ class SlotRecorder:
         for slot in taken:
             heapq.heappush(self._free, slot)
         self.steps.append((start_s, duration_s, cells))
+
+    @property
+    def takes_decode_runs(self) -> bool:
+        return False  # every step is a row of the picture
+
+    def on_decode_steps(self, start_s: np.ndarray, duration_s: np.ndarray,
+                        kv_blocked: bool) -> None:
+        raise ValueError("the slot picture records every step: run it step by step")
 
     @property
     def num_slots(self) -> int:

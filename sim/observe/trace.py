@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 import pandas as pd
 
 from sim.core.plan import StepPlan
@@ -44,6 +45,17 @@ class StepObserver(Protocol):
 
     def on_step(self, start_s: float, duration_s: float, plan: StepPlan) -> None:
         """`plan` was scheduled at `start_s` and will run for `duration_s`."""
+        ...
+
+    @property
+    def takes_decode_runs(self) -> bool:
+        """True: decode runs may come as on_decode_steps; False: the replica runs step by step."""
+        ...
+
+    def on_decode_steps(self, start_s: np.ndarray, duration_s: np.ndarray,
+                        kv_blocked: bool) -> None:
+        """Steps of a decode run (sim.core.decode_run), as on_step would have seen them one by
+        one; the replica calls it before any on_arrival that falls after their start."""
         ...
 
 
@@ -74,6 +86,17 @@ class WaitClock:
             self.idle_s += start_s - self.end_s
         self.start_s, self.duration_s, self.end_s = start_s, duration_s, start_s + duration_s
         self.kv_step = bool(plan.preempted_ids) or self._scheduler.kv_blocked
+
+    def on_decode_steps(self, start_s: np.ndarray, duration_s: np.ndarray,
+                        kv_blocked: bool) -> None:
+        """on_step for each step of a decode run (none preempts; kv_blocked throughout)."""
+        for start, duration in zip(start_s.tolist(), duration_s.tolist(), strict=True):
+            if self.kv_step:
+                self.kv_s += self.duration_s
+            if start > self.end_s:
+                self.idle_s += start - self.end_s
+            self.start_s, self.duration_s, self.end_s = start, duration, start + duration
+            self.kv_step = kv_blocked
 
     def at(self, t_s: float) -> tuple[float, float]:
         """(idle, KV-blocked) readings at `t_s`, which is at or after the current step's start."""

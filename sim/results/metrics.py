@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.core.decode_run import DecodeRun
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request
 from sim.results.itl_slices import ITLSlices
@@ -152,6 +153,40 @@ class RunRecorder:
         self._useful_slot_steps += batch_size
         if self._max_kv_blocks_used is None or kv_blocks_used > self._max_kv_blocks_used:
             self._max_kv_blocks_used = kv_blocks_used
+
+    def record_decode_run(self, run: DecodeRun, start_s: np.ndarray, duration_s: np.ndarray,
+                          num_waiting: np.ndarray) -> None:
+        """Fold the first len(duration_s) steps of a decode run into the aggregates, as
+        record_step would one by one (the same floats, added in the same order)."""
+        shape = run.shape
+        n = shape.num_decodes
+        padded = shape.padded_batch if shape.padded_batch > n else n
+        steps = len(duration_s)
+        used = run.kv_blocks_used[:steps]
+        held = used * run.block_size
+        live = shape.decode_context_sum + n * np.arange(1, steps + 1, dtype=np.int64)
+        self._itl.add_each(duration_s.tolist(), n)
+        slices = self._itl_slices
+        for step_start_s, step_s in zip(start_s.tolist(), duration_s.tolist(), strict=True):
+            slices.add(step_start_s, step_s, n)
+        self._series.add_steps(start_s, duration_s, n, num_waiting, n, used, n, n, held, live)
+        busy, batch_x, padded_x, waste = (self._busy_s, self._batch_x_s, self._padded_x_s,
+                                          self._waste_x_s)
+        for d, h, live_tokens in zip(duration_s.tolist(), held.tolist(), live.tolist(),
+                                     strict=True):  # record_step's floats, in its order
+            if h > live_tokens:
+                waste += (h - live_tokens) * d
+            busy += d
+            batch_x += n * d
+            padded_x += padded * d
+        self._busy_s, self._batch_x_s, self._padded_x_s, self._waste_x_s = (busy, batch_x,
+                                                                            padded_x, waste)
+        self._num_steps += steps
+        self._slot_steps += padded * steps
+        self._useful_slot_steps += n * steps
+        top = int(used[-1])  # blocks only grow during a run
+        if self._max_kv_blocks_used is None or top > self._max_kv_blocks_used:
+            self._max_kv_blocks_used = top
 
     def record_speculation(self, plan: StepPlan, result: StepResult) -> None:
         """Count one step's drafts and accepted tokens (called for every step while on)."""

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
+from sim.core.decode_run import DecodeRun
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
@@ -31,3 +34,11 @@ def record_step(recorders: Sequence[RunRecorder], scheduler: Scheduler, start_s:
         recorder.record_step(start_s, duration_s, plan, waiting, running, used, kv_slots_held)
         for request in finished:
             recorder.record_finished(request)
+
+
+def record_decode_run(recorders: Sequence[RunRecorder], run: DecodeRun, start_s: np.ndarray,
+                      duration_s: np.ndarray, num_waiting: np.ndarray) -> None:
+    """Fold the steps of `run` that ran (start, duration and queue after each) into each
+    recorder, as record_step would step by step; no request finishes in a run."""
+    for recorder in recorders:
+        recorder.record_decode_run(run, start_s, duration_s, num_waiting)

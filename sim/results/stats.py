@@ -120,6 +120,28 @@ class LogHistogram:
         if value_s > self.max_s:
             self.max_s = value_s
 
+    def add_each(self, values_s: list[float], weight: int) -> None:
+        """add(value, weight) for each value in order: the same floats, one loop."""
+        counts, scale, offset, top, lo = self._counts, self._scale, self._offset, self._top, \
+            self.lo_s
+        n, mean, m2 = self.count, self._mean, self._m2
+        for value_s in values_s:
+            if value_s >= lo:
+                i = int(log(value_s) * scale - offset)
+                if i > top:
+                    i = top
+            else:
+                i = 0
+            counts[i] += weight
+            n += weight
+            delta = value_s - mean
+            mean += delta * (weight / n)
+            m2 += weight * delta * (value_s - mean)
+        self.count, self._mean, self._m2 = n, mean, m2
+        if values_s:
+            self.min_s = min(self.min_s, *values_s)
+            self.max_s = max(self.max_s, *values_s)
+
     @property
     def num_bins(self) -> int:
         return len(self._counts)
@@ -221,6 +243,72 @@ class TimeBuckets:
             self.kv_busy_s[i] += duration_s
             self.held_x_s[i] += kv_held * duration_s
             self.live_x_s[i] += kv_live * duration_s
+
+    def add_steps(self, start_s: np.ndarray, duration_s: np.ndarray, batch_size: int,
+                  num_waiting: np.ndarray, num_running: int, kv_blocks_used: np.ndarray,
+                  tokens: int, tokens_emitted: int, kv_held: np.ndarray,
+                  kv_live: np.ndarray) -> None:
+        """add() for each step in order (starts non-decreasing, every kv_held >= 0).
+
+        Each bucket's sums add the steps' terms in order, so every float equals
+        add()'s one step at a time.
+        """
+        start = 0
+        total = len(duration_s)
+        while start < total:
+            idx = (start_s[start:] * self._inv_width).astype(np.int64)
+            over = np.flatnonzero(idx >= self.max_buckets)
+            stop = total if not over.size else start + int(over[0])
+            if stop == start:  # this step starts past the covered range: widen first
+                self._cover(float(start_s[start]))
+                continue
+            self._add_within(idx[:stop - start], slice(start, stop), duration_s, batch_size,
+                             num_waiting, num_running, kv_blocks_used, tokens,
+                             tokens_emitted, kv_held, kv_live)
+            start = stop
+
+    def _add_within(self, idx: np.ndarray, part: slice, duration_s: np.ndarray,
+                    batch_size: int, num_waiting: np.ndarray, num_running: int,
+                    kv_blocks_used: np.ndarray, tokens: int, tokens_emitted: int,
+                    kv_held: np.ndarray, kv_live: np.ndarray) -> None:
+        """The steps of `part`, all within the covered range (bucket `idx` each), in order."""
+        buckets = idx.tolist()
+        durations = duration_s[part].tolist()
+        waiting, used = num_waiting[part].tolist(), kv_blocks_used[part].tolist()
+        held, live = kv_held[part].tolist(), kv_live[part].tolist()
+        cuts = [0, *(np.flatnonzero(np.diff(idx)) + 1).tolist(), len(buckets)]
+        for lo, hi in zip(cuts, cuts[1:]):  # noqa: B905 - one bucket's steps
+            i = buckets[lo]
+            busy, batch_x, waiting_x = self.busy_s[i], self.batch_x_s[i], self.waiting_x_s[i]
+            running_x, kv_x, kv_busy = self.running_x_s[i], self.kv_x_s[i], self.kv_busy_s[i]
+            held_x, live_x = self.held_x_s[i], self.live_x_s[i]
+            for j in range(lo, hi):  # add()'s floats, in its order
+                d = durations[j]
+                busy += d
+                batch_x += batch_size * d
+                waiting_x += waiting[j] * d
+                running_x += num_running * d
+                kv_x += used[j] * d
+                kv_busy += d
+                held_x += held[j] * d
+                live_x += live[j] * d
+            self.busy_s[i], self.batch_x_s[i], self.waiting_x_s[i] = busy, batch_x, waiting_x
+            self.running_x_s[i], self.kv_x_s[i], self.kv_busy_s[i] = running_x, kv_x, kv_busy
+            self.held_x_s[i], self.live_x_s[i] = held_x, live_x
+            count = hi - lo
+            self.steps[i] += count
+            self.tokens[i] += tokens * count
+            self.tokens_emitted[i] += tokens_emitted * count
+            if batch_size > self.max_batch_size[i]:
+                self.max_batch_size[i] = batch_size
+            top = max(waiting[lo:hi])
+            if top > self.max_waiting[i]:
+                self.max_waiting[i] = top
+            if num_running > self.max_running[i]:
+                self.max_running[i] = num_running
+            top = max(used[lo:hi])
+            if top > self.max_kv_blocks_used[i]:
+                self.max_kv_blocks_used[i] = top
 
     def _cover(self, start_s: float) -> int:
         """Double the width until `start_s` is covered; return its bucket."""

@@ -10,6 +10,7 @@ router and records once, so its hot loop is the single-replica loop it always wa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -20,7 +21,7 @@ from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
 from sim.observe.trace import StepObserver
 from sim.results.metrics import RunRecorder
-from sim.world.replica import Replica, ReplicaSetup
+from sim.world.replica import NextArrival, Replica, ReplicaSetup
 from sim.world.router import Router
 
 
@@ -40,12 +41,15 @@ class _Arrival(simpy.Event):
 
 
 def _arrivals(env: simpy.Environment, requests: Iterable[Request],
-              route: Callable[[Request], Replica], replicas: Iterable[Replica]):  # noqa: ANN202
+              route: Callable[[Request], Replica], replicas: Iterable[Replica],
+              next_arrival: NextArrival):  # noqa: ANN202
     for request in requests:
+        next_arrival.at_s = request.arrival_s
         delay_s = request.arrival_s - env.now
         if delay_s > 0:
             yield _Arrival(env, delay_s)
         route(request).submit(request)
+    next_arrival.at_s = math.inf
     for replica in replicas:
         replica.close()
 
@@ -62,9 +66,12 @@ def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup],
     if not setups:
         raise ValueError("a fleet needs at least one replica")
     env = simpy.Environment()
+    next_arrival = NextArrival()
+    # a replica behind a router runs step by step: the router reads its KV at each arrival
+    alone = next_arrival if len(setups) == 1 else None
     replicas = [Replica(env, s.scheduler, s.latency, s.recorder, on_done, s.kv,
                         None if s.recorder is fleet_recorder else fleet_recorder, s.speculate,
-                        s.observer)
+                        s.observer, s.fast_forward, alone)
                 for s in setups]
     for replica in replicas:
         env.process(replica.run())
@@ -80,15 +87,18 @@ def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup],
 
         def route(request: Request) -> Replica:
             return replicas[choose(request, replicas, rng)]
-    env.process(_arrivals(env, requests, route, replicas))
+    env.process(_arrivals(env, requests, route, replicas, next_arrival))
     env.run()
     return float(env.now)
 
 
 def simulate(requests: Iterable[Request], scheduler: Scheduler, latency: LatencyModel,
              recorder: RunRecorder, on_done: Callable[[int], None] | None = None,
-             observer: StepObserver | None = None) -> float:
-    """Run one replica to completion; returns the simulated end time in seconds."""
-    setup = ReplicaSetup(scheduler, latency, recorder, observer=observer)
+             observer: StepObserver | None = None, fast_forward: bool = True) -> float:
+    """Run one replica to completion; returns the simulated end time in seconds.
+
+    `fast_forward=False` spends an event on every step (the oracle for the default)."""
+    setup = ReplicaSetup(scheduler, latency, recorder, observer=observer,
+                         fast_forward=fast_forward)
     # one replica never consults the router, so neither a router nor an rng is needed
     return simulate_fleet(requests, [setup], None, None, recorder, on_done)

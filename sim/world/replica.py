@@ -1,7 +1,16 @@
 """One replica in the SimPy world: a scheduler, its KV pool and a latency model, step by step.
 
-One event per engine step: a replica asks its scheduler for a plan, holds the
-simulated clock for the step's predicted latency, then applies it. Arrivals
+One event per engine step at most: a replica asks its scheduler for a plan,
+holds the simulated clock for the step's predicted latency, then applies it.
+A run of plain decode steps whose plans cannot change (sim/core/decode_run.py)
+is one event: priced in one call, ended at the step the next arrival lands in
+when that arrival could be admitted, applied and recorded in bulk, with the
+same floats as step by step (`fast_forward=False`, the tests' oracle). A
+replica fast-forwards alone only: behind a router (which reads every
+replica's KV at each arrival), with speculation (random acceptance) or with
+an observer that needs every plan (a traced timeline, the slot picture) it
+runs step by step. The TTFT diagnosis takes a run's steps in bulk, fed to it
+before any arrival that falls after their start. Arrivals
 during a step are queued at once (sim.world.fleet submits them) and seen at
 the next schedule(). Finished requests are handed to the recorders and
 dropped, so memory follows the requests in flight, not the requests done. A
@@ -13,11 +22,15 @@ its replica's recorder and in the fleet's.
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import simpy
 
+from sim.core.decode_run import DecodeRun
 from sim.core.kv import KVManager
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request
@@ -25,7 +38,7 @@ from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
 from sim.observe.trace import StepObserver
 from sim.results.metrics import RunRecorder
-from sim.results.recording import record_step
+from sim.results.recording import record_decode_run, record_step
 
 SCRIPTED = StepResult()  # the simulator's outputs are scripted: no token values
 
@@ -42,6 +55,30 @@ class ReplicaSetup:
     # acceptance process, sim.world.speculation.AcceptanceSampler); None = one per emitter
     speculate: Callable[[StepPlan], StepResult] | None = None
     observer: StepObserver | None = None  # sees each accepted arrival and step (sim.observe)
+    fast_forward: bool = True  # False: every step an event (the oracle fast-forward must equal)
+
+
+@dataclass(slots=True)
+class NextArrival:
+    """When the next request arrives (inf after the last): where a decode run must stop."""
+
+    at_s: float = 0.0
+
+
+class _At(simpy.Event):
+    """An event at the instant `at_s` itself, where step by step's timeouts would have led.
+
+    No delay always lands there: now + delay rounds to the grid of the sum's binade,
+    and from some `now` only every other float of it can be reached. So the event
+    goes on SimPy's queue the way Environment.schedule puts a timeout there
+    (simpy 4.1's (time, priority, id, event) entries), with the exact time.
+    """
+
+    def __init__(self, env: simpy.Environment, at_s: float) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        heapq.heappush(env._queue, (at_s, simpy.core.NORMAL, next(env._eid), self))  # noqa: SLF001
 
 
 def _no_cache(_request: Request) -> int:
@@ -61,9 +98,14 @@ class Replica:
     fleet_recorder: RunRecorder | None = None  # also records here (None: one replica)
     speculate: Callable[[StepPlan], StepResult] | None = None  # see ReplicaSetup
     observer: StepObserver | None = None  # see ReplicaSetup
+    fast_forward: bool = True  # see ReplicaSetup
+    next_arrival: NextArrival | None = None  # kept by the fleet; None: never fast-forward
     _wake: simpy.Event | None = field(default=None, init=False)
     _aborts: list[int] = field(default_factory=list, init=False)  # asked during a step
     _stepping: bool = field(default=False, init=False)
+    _run_arrivals: list[float] | None = field(default=None, init=False)  # during a run
+    # a run's step starts and durations and how many the observer has seen, during a run
+    _run_feed: list | None = field(default=None, init=False)
     _cached: Callable[[Request], int] = field(default=_no_cache, init=False)
 
     def __post_init__(self) -> None:
@@ -92,6 +134,10 @@ class Replica:
             if self.on_done is not None:
                 self.on_done(1)
             return
+        if self._run_arrivals is not None:
+            self._run_arrivals.append(self.env.now)
+            if self._run_feed is not None:
+                self._feed_observer(self.env.now)
         if self.observer is not None:
             self.observer.on_arrival(request, self.env.now)
         self._wake_up()
@@ -104,6 +150,9 @@ class Replica:
     def abort(self, request_id: int) -> None:
         """Drop a request (its client went away): now when idle, else as the running step ends
         (the step contract aborts between steps). It is recorded with the rejected, by reason."""
+        if self._run_arrivals is not None:  # the run's steps are already fixed
+            raise RuntimeError("an abort during a decode run: a replica whose requests may "
+                               "be aborted runs step by step (fast_forward=False)")
         self._aborts.append(request_id)
         if not self._stepping:
             self._apply_aborts()
@@ -131,7 +180,14 @@ class Replica:
             self.recorder, self.fleet_recorder)
         step_time = self.latency.step_time
         speculate, observer = self.speculate, self.observer
+        decode_run = scheduler.decode_run if (
+            self.fast_forward and (observer is None or observer.takes_decode_runs)
+            and speculate is None and self.fleet_recorder is None
+            and self.next_arrival is not None) else None
         while True:
+            if decode_run is not None and (run := decode_run()) is not None:
+                yield from self._fast_forward(run, recorders)
+                continue
             plan = scheduler.schedule(env.now)
             if plan is None:
                 self._wake = env.event()
@@ -158,3 +214,45 @@ class Replica:
                 self.on_done(len(finished))
             if self._aborts:
                 self._apply_aborts()
+
+    def _fast_forward(self, run: DecodeRun, recorders: tuple[RunRecorder, ...]):  # noqa: ANN202
+        """Hold the clock for a decode run as one event, then apply and record its steps.
+
+        An arrival at a step's end is seen by the next schedule() (fleet._Arrival
+        fires first), so a run that an arrival may join ends with the step whose
+        end is at or after it. Step ends are the running float sum SimPy would
+        have reached one timeout at a time.
+        """
+        env = self.env
+        assert self.next_arrival is not None
+        duration_s = self.latency.decode_run_s(run.shape, run.steps)
+        ends_s = np.cumsum(np.concatenate(((env.now,), duration_s)))
+        steps = run.steps
+        if run.stops_at_arrival:
+            steps = min(steps, int(np.searchsorted(ends_s[1:], self.next_arrival.at_s)) + 1)
+        self._run_arrivals = arrivals = []
+        if self.observer is not None:
+            self._run_feed = [ends_s[:steps], duration_s[:steps], run.kv_blocked, 0]
+        end_s = float(ends_s[steps])
+        yield _At(env, end_s)
+        assert env.now == end_s
+        if self._run_feed is not None:
+            self._feed_observer(math.inf)
+            self._run_feed = None
+        self._run_arrivals = None
+        self.scheduler.advance_decodes(run, steps)
+        waiting = np.full(steps, run.num_waiting, dtype=np.int64)
+        if arrivals:  # joined the queue by each step's end
+            waiting += np.searchsorted(np.array(arrivals), ends_s[1:steps + 1], side="right")
+        record_decode_run(recorders, run, ends_s[:steps], duration_s[:steps], waiting)
+
+    def _feed_observer(self, until_s: float) -> None:
+        """Show the observer the run's steps that started before `until_s` (an arrival's
+        instant: step by step it would have seen their on_step by then)."""
+        feed, observer = self._run_feed, self.observer
+        assert feed is not None and observer is not None
+        start_s, duration_s, kv_blocked, seen = feed
+        upto = int(np.searchsorted(start_s, until_s, side="left"))
+        if upto > seen:
+            observer.on_decode_steps(start_s[seen:upto], duration_s[seen:upto], kv_blocked)
+            feed[3] = upto

@@ -22,9 +22,6 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from scipy.optimize import brentq
-from scipy.special import betaincinv
-
 from sim.core.plan import StepPlan, StepResult
 
 if TYPE_CHECKING:
@@ -50,6 +47,8 @@ def alpha_for_tokens_per_step(tokens_per_step: float, k: float) -> float:
                          f"{tokens_per_step!r}")
     if tokens_per_step == 1.0 or tokens_per_step == k + 1.0:
         return 0.0 if tokens_per_step == 1.0 else 1.0
+    from scipy.optimize import brentq  # scipy loads only for speculative scenarios
+
     return float(brentq(lambda a: expected_tokens_per_step(a, k) - tokens_per_step,  # type: ignore[arg-type]
                         0.0, 1.0 - 1e-12, xtol=1e-12))
 
@@ -156,6 +155,8 @@ class BetaAcceptance:
 
     def alpha_at(self, u: float) -> float:
         a, b = self.shape_ab
+        from scipy.special import betaincinv
+
         return float(betaincinv(a, b, u))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from sim.core.decode_run import DecodeRun
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request
 
@@ -31,6 +32,17 @@ class Scheduler(Protocol):
         Between steps only: after on_step_done() and before the next schedule(), never
         while a scheduled plan is running (the plan still names the request).
         """
+        ...
+
+    def decode_run(self, max_steps: int = 1 << 16) -> DecodeRun | None:
+        """Before a schedule(): the next steps if their plans cannot change but for context
+        growth (sim/core/decode_run.py), else None. Reads only; the world may ignore it."""
+        ...
+
+    def advance_decodes(self, run: DecodeRun, steps: int) -> None:
+        """Apply the first `steps` steps of the run decode_run() just returned, as step by step
+        would have (blocks, counters); nothing else may touch the scheduler in between but
+        add()."""
         ...
 
     def next_wakeup(self, now: float) -> float | None:

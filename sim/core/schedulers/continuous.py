@@ -29,11 +29,10 @@ preempted by recompute finds its own blocks) and computes only the rest;
 blocks are named as they are allocated, so an admission later in the same
 step hits a prefix scheduled before it.
 
-Two implementations of that rule give identical plans: a per-request path for
-small batches (cheapest there), and an array path (running_batch.py) whose
-cost per step barely grows with the batch; the scheduler switches between them
-with hysteresis on the running-set size. Speculation runs on the per-request
-path only (speculation.py holds its rules).
+The running set lives in numpy columns (running_batch.py), whose cost per
+step barely grows with the batch and is below a per-request loop's at every
+batch size. Speculation (speculation.py holds its rules) still runs a
+per-request loop over the Request objects.
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ from collections import deque
 
 from sim.core.batching import graph_batch_sizes, padded_batch_size
 from sim.core.contiguous import ContiguousAllocator
+from sim.core.decode_run import DecodeRun
 from sim.core.kv import KVManager, PagedBlockManager
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
@@ -52,9 +52,7 @@ from sim.core.schedulers.speculation import Speculation
 
 
 class ContinuousScheduler:
-    """`vectorize_at`: running-set size from which the array path is used (back below half).
-
-    `max_output_tokens` caps outputs (longer ones are rejected) and, on a contiguous
+    """`max_output_tokens` caps outputs (longer ones are rejected) and, on a contiguous
     pool, sizes reservations with max_model_len (one of them is then required).
     `preemption`: "recompute" or "swap" (swap needs a paged pool with a host pool).
     `scheduler_reserve_full_isl`: vLLM's setting of that name (see the module doc).
@@ -65,7 +63,7 @@ class ContinuousScheduler:
 
     def __init__(self, kv: KVManager, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, chunked_prefill: bool = True,
-                 max_model_len: int | None = None, vectorize_at: int = 24,
+                 max_model_len: int | None = None,
                  max_output_tokens: int | None = None, preemption: str = "recompute",
                  speculative_tokens: int = 0, scheduler_reserve_full_isl: bool = True,
                  speculative_method: str = "ngram", cuda_graphs: bool = False) -> None:
@@ -74,8 +72,6 @@ class ContinuousScheduler:
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= "
                              f"max_num_seqs ({max_num_seqs}) so every decode fits a step")
-        if vectorize_at < 1:
-            raise ValueError(f"vectorize_at must be >= 1, got {vectorize_at}")
         if preemption not in ("recompute", "swap"):
             raise ValueError(f"preemption must be 'recompute' or 'swap', got {preemption!r}")
         if preemption == "swap" and not isinstance(kv, PagedBlockManager):
@@ -89,7 +85,6 @@ class ContinuousScheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked_prefill = chunked_prefill
         self.max_model_len = max_model_len
-        self.vectorize_at = vectorize_at
         self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is the next victim
@@ -105,6 +100,9 @@ class ContinuousScheduler:
         self.num_swap_fallbacks = 0  # swap preemptions that found the host pool full
         # read-only: the last admission stopped for lack of KV blocks (TTFT diagnosis)
         self.kv_blocked = False
+        # the waiting head the last admission stopped at for lack of blocks, and the free
+        # blocks then: while it heads the queue and no block frees, it stays blocked
+        self._blocked: tuple[Request, int] | None = None
         self._preempted_only = False  # the last schedule() preempted and ran nothing
         self._spec = Speculation(speculative_tokens, speculative_method, max_model_len)
         # CUDA graphs: a decode-only step runs padded to the next captured batch size
@@ -178,8 +176,8 @@ class ContinuousScheduler:
     def abort(self, request_id: int, now: float) -> Request | None:
         """Drop a waiting or running request between steps and free its KV (see Scheduler).
 
-        A running one leaves the array path's columns: the batch is synced and dropped,
-        and rebuilt by the next schedule() if the running set is still large.
+        A running one leaves the numpy columns: the batch is synced and dropped, and
+        rebuilt by the next schedule().
         """
         req = self._in_flight.pop(request_id, None)
         if req is None:
@@ -220,7 +218,7 @@ class ContinuousScheduler:
         return reserve if self.max_model_len is None else min(reserve, self.max_model_len)
 
     def schedule(self, now: float) -> StepPlan | None:
-        batch, n = self._batch, len(self.running)
+        batch = self._batch
         if self._spec.k:  # speculation runs on the per-request path only
             if batch is not None:
                 batch.sync()
@@ -228,14 +226,7 @@ class ContinuousScheduler:
                 self._batch = None
             return self._schedule_each(now)
         if batch is None:
-            if n >= self.vectorize_at:
-                self._batch = RunningBatch(self.running, self.kv)
-                return self._schedule_batch(now)
-            return self._schedule_each(now)
-        if n < self.vectorize_at // 2:
-            batch.sync()
-            self._batch = None
-            return self._schedule_each(now)
+            self._batch = RunningBatch(self.running, self.kv)
         return self._schedule_batch(now)
 
     def _schedule_batch(self, now: float) -> StepPlan | None:
@@ -244,6 +235,7 @@ class ContinuousScheduler:
         assert batch is not None
         step = PlanBuilder()
         preempted: list[int] = []
+        self._blocked = None
         budget = batch.schedule_running(self.max_num_batched_tokens, kv, step, self._preempt,
                                         preempted, self._paged if self._prefix_cache else None)
         if not preempted:
@@ -252,7 +244,7 @@ class ContinuousScheduler:
         return plan
 
     def _schedule_each(self, now: float) -> StepPlan | None:
-        """The per-request path: Request objects hold exact counters."""
+        """The speculative path: Request objects hold exact counters."""
         kv, running, spec = self.kv, self.running, self._spec
         naming = self._paged if self._prefix_cache else None
         slots = spec.draft_slots
@@ -289,6 +281,35 @@ class ContinuousScheduler:
         if not preempted:
             self._admit(room, step, now, bool(step.request_ids), prefill_scheduled)
         return self._build(step, preempted)
+
+    def decode_run(self, max_steps: int = 1 << 16) -> DecodeRun | None:
+        """The next steps when they are plain decodes of an unchanging running set, else None.
+
+        The running set must be all plain decodes within the budget, with no swap to
+        charge and no speculation, and admission must stay shut for the whole run:
+        an empty queue (the world ends the run at the next arrival), or seats or
+        budget full, or a head blocked on KV while no block frees (its need only
+        grows: each step takes blocks, evictions only cost it hits).
+        """
+        batch, n = self._batch, len(self.running)
+        if batch is None or self._spec.k or not n or n > self.max_num_batched_tokens \
+                or self._swap_out_pending or not batch.plain_decodes():
+            return None
+        waiting, blocked = self.waiting, self._blocked
+        # with seats and budget left, only a KV-blocked head keeps admission shut
+        on_kv = bool(waiting) and n < self.max_num_seqs and n < self.max_num_batched_tokens
+        if on_kv and not (blocked is not None and blocked[0] is waiting[0]
+                          and self.kv.num_free_blocks <= blocked[1]):
+            return None
+        padded = padded_batch_size(n, self._graph_sizes) if self._graph_sizes else 0
+        return batch.decode_run(self.kv, self._paged is not None, padded, len(waiting), on_kv,
+                                max_steps)
+
+    def advance_decodes(self, run: DecodeRun, steps: int) -> None:
+        """Apply the first `steps` (1 <= steps <= run.steps) of the last decode_run()."""
+        assert self._batch is not None and 0 < steps <= run.steps
+        self._batch.advance(steps, self.kv, self._paged if self._prefix_cache else None)
+        self.kv_blocked = run.kv_blocked
 
     def _build(self, step: PlanBuilder, preempted: list[int]) -> StepPlan | None:
         self._preempted_only = not step.request_ids and bool(preempted)
@@ -339,6 +360,7 @@ class ContinuousScheduler:
                                       bool(running), req if prefix_cache else None, full)
                 if moved < 0:
                     self.kv_blocked = True
+                    self._blocked = (req, kv.num_free_blocks)
                     break
                 step.swap_in_tokens += moved * kv.block_size
             else:
@@ -349,6 +371,7 @@ class ContinuousScheduler:
                                    full_sequence_tokens=full)
                 if hits < 0:
                     self.kv_blocked = True
+                    self._blocked = (req, kv.num_free_blocks)
                     break
                 if hits:  # only from zero computed tokens: the lookup above saw the same
                     req.num_computed_tokens = hits
@@ -373,7 +396,9 @@ class ContinuousScheduler:
         req.state = RequestState.WAITING
         self.waiting.appendleft(req)
         self._spec.forget(req)
-        if self._swap and self._paged is not None:
+        # with no one else running nothing will free blocks for a swap-in (a lone request
+        # whose drafts outgrow the pool): recompute, as vLLM does
+        if self._swap and self._paged is not None and self.running:
             moved = self._paged.swap_out(req.request_id)
             if moved >= 0:
                 self._swap_out_pending += moved * self.kv.block_size

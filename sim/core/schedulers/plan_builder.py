@@ -1,10 +1,10 @@
 """Accumulates one step's plan columns and its shape, sequence by sequence or in bulk.
 
-Shared by the scheduler's two paths: the per-request path adds one sequence at a
-time; the array path (running_batch.py) fills whole columns from numpy at once
-and then adds the few newly admitted requests one at a time.
+The running set (running_batch.py) fills whole columns from numpy at once and
+then adds the few newly admitted requests one at a time; the speculative loop
+adds one sequence at a time.
 
-Speculative decodes (`spec` > 0 in add(), per-request path only) get a
+Speculative decodes (`spec` > 0 in add(), the speculative loop only) get a
 `num_spec_tokens` column, created on the first one so that steps without
 speculation build exactly the plans they always did.
 """

@@ -21,8 +21,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from sim.core.decode_run import DecodeRun
 from sim.core.kv import KVManager, PagedBlockManager
-from sim.core.plan import StepPlan
+from sim.core.plan import StepPlan, StepShape
 from sim.core.request import Request, RequestState
 from sim.core.schedulers.plan_builder import PlanBuilder
 
@@ -34,7 +35,8 @@ class RunningBatch:
     """Per-sequence counters in one (4, capacity) int64 array, aligned with Python lists."""
 
     __slots__ = ("reqs", "rids", "tables", "state", "block_size", "pending", "_count", "_new",
-                 "_emits", "_first_rows", "_admitted", "_covers_all", "_all_decode")
+                 "_emits", "_first_rows", "_admitted", "_covers_all", "_all_decode",
+                 "_run_rows")
 
     def __init__(self, running: list[Request], kv: KVManager) -> None:
         self.reqs = running  # the scheduler's list, shared: admission order, last = next victim
@@ -56,6 +58,7 @@ class RunningBatch:
         # a plan that covers every row and makes each emit leaves only plain decodes
         self._covers_all = False
         self._all_decode = False  # true between apply() of such a plan and the next schedule
+        self._run_rows: list[tuple[list[int], list[int]]] = []  # decode_run(): per phase
 
     def sync(self) -> None:
         """Write the live counters back into the Request objects."""
@@ -94,7 +97,7 @@ class RunningBatch:
                          naming: PagedBlockManager | None = None) -> int:
         """Give running sequences their tokens in admission order; returns the budget left.
 
-        Same rule as the per-request path: each catches up to its known tokens while
+        vLLM's rule: each catches up to its known tokens while
         budget lasts; a table that cannot grow preempts from the tail (`preempt`).
         `naming` (a prefix-caching pool) names the blocks this step fills, before
         any admission: a running table has its first computed // block_size blocks
@@ -285,3 +288,77 @@ class RunningBatch:
             keep[rows] = False
             state[:, :n - len(rows)] = state[:, :n][:, keep]
         return finished
+
+    # -- runs of plain decodes (sim.core.decode_run) ------------------------------------
+    def plain_decodes(self) -> bool:
+        """Every running sequence's next step is one plain decode (apply() just saw to it)."""
+        return self._all_decode and self.pending is None
+
+    def decode_run(self, kv: KVManager, paged: bool, padded_batch: int, num_waiting: int,
+                   kv_blocked: bool, max_steps: int) -> DecodeRun | None:
+        """The next plain-decode steps before anyone finishes or the pool runs short.
+
+        Step s (from 0) gives row i a block when its context c_i + s is a multiple
+        of the block size, i.e. when s = (-c_i) mod block size: its phase. The rows
+        of one phase, in row order, are what _schedule_decodes would grow that step.
+        """
+        n = len(self.reqs)
+        state = self.state
+        computed = state[COMPUTED, :n]
+        steps = min(int(np.minimum.reduce(state[TARGET, :n] - state[DONE, :n])) - 1, max_steps)
+        if steps < 2:
+            return None
+        bs = self.block_size
+        phase = (-computed) % bs
+        per_phase = np.bincount(phase, minlength=bs)
+        used = np.full(steps, kv.num_used_blocks, dtype=np.int64)
+        if paged:
+            taken = np.cumsum(per_phase[np.arange(steps) % bs])
+            fits = int(np.searchsorted(taken, kv.num_free_blocks, side="right"))
+            if fits < steps:
+                steps = fits
+                if steps < 2:
+                    return None
+                taken, used = taken[:steps], used[:steps]
+            used += taken
+        order = np.argsort(phase, kind="stable").tolist()
+        rids, rows, start = self.rids, [], 0
+        for count in per_phase.tolist():
+            members = order[start:start + count]
+            rows.append((members, [rids[i] for i in members]))
+            start += count
+        self._run_rows = rows
+        shape = StepShape((), (), n, int(np.add.reduce(computed)),
+                          int(np.maximum.reduce(computed)), max(padded_batch, n))
+        return DecodeRun(steps, shape, used, num_waiting, not num_waiting, bs, kv_blocked)
+
+    def advance(self, steps: int, kv: KVManager, naming: PagedBlockManager | None) -> None:
+        """Apply the first `steps` steps of the last decode_run(): the same block calls in the
+        same order as step by step (each step's new blocks, then the blocks it filled named)."""
+        rows, tables, bs = self._run_rows, self.tables, self.block_size
+        n = len(self.reqs)
+        if naming is None:  # nothing between two steps' blocks: take them all in one call
+            order = [rid for s in range(steps) for rid in rows[s % bs][1]]
+            if order:
+                grown = kv.append_block_each(order)
+                assert grown is not None, "a decode run took more blocks than were free"
+                table_of = kv.block_table
+                for members, rids in rows[:steps]:
+                    for i, rid in zip(members, rids, strict=True):
+                        tables[i] = table_of(rid)
+            self.state[COMPUTED:DONE + 1, :n] += steps
+            self._run_rows = []
+            return
+        computed = self.state[COMPUTED, :n].tolist()
+        for s in range(steps):
+            members, rids = rows[s % bs]
+            if members:
+                grown = kv.append_block_each(rids)
+                assert grown is not None, "a decode run took more blocks than were free"
+                for i, table in zip(members, grown, strict=True):
+                    tables[i] = table
+            members, rids = rows[(s + 1) % bs]
+            for i, rid in zip(members, rids, strict=True):
+                naming.cache_computed(rid, computed[i] + s + 1)
+        self.state[COMPUTED:DONE + 1, :n] += steps
+        self._run_rows = []

@@ -19,7 +19,8 @@ so this module:
 - After the step each drafting sequence emitted 1 + a_i tokens (the world's
   verifier says a_i); the rejected drafts roll back (computed = context + 1 + a_i).
 
-Speculation runs on the per-request path only; with k = 0 nothing here applies.
+Speculation runs on a per-request loop (ContinuousScheduler._schedule_each);
+with k = 0 nothing here applies.
 """
 
 from __future__ import annotations

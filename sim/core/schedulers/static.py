@@ -14,6 +14,7 @@ from collections import deque
 from typing import ClassVar
 
 from sim.core.contiguous import ContiguousAllocator
+from sim.core.decode_run import DecodeRun
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
 from sim.core.schedulers.limits import LengthLimits
@@ -157,3 +158,10 @@ class StaticScheduler:
         for req in self.batch.members:
             self.kv.free(req.request_id)  # an aborted member's is gone already: a no-op
         self.batch = None
+
+    def decode_run(self, max_steps: int = 1 << 16) -> DecodeRun | None:
+        """None: a request-level batch runs step by step (its members finish along the way)."""
+        return None
+
+    def advance_decodes(self, run: DecodeRun, steps: int) -> None:
+        raise ValueError("static batching describes no decode runs")

@@ -1,0 +1,196 @@
+"""Fast-forward: a run of decode steps as one SimPy event equals step by step, float for float.
+
+The oracle is the same world with `fast_forward=False` (one event per step).
+Random workloads cover what can end or change a run: arrivals (also at the
+exact instant a step ends: power-of-two step times and arrival grids), the
+first finisher, a pool that runs dry (recompute and swap preemption), a
+queue held back by seats, budget or KV blocks, prefix caching, chunked
+prefill on and off, CUDA-graph padding, contiguous pools, request-level
+batching, fleets behind routers, and the TTFT diagnosis observing it all.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.config.catalogue import get_hardware, get_model
+from sim.core.contiguous import ContiguousAllocator
+from sim.core.decode_run import decode_shape
+from sim.core.kv import PagedBlockManager
+from sim.core.plan import StepShape
+from sim.core.request import Request
+from sim.core.schedulers import ContinuousScheduler, DynamicScheduler, StaticScheduler
+from sim.latency import each_step_s
+from sim.latency.roofline import RooflineLatency
+from sim.latency.table import TableFit, TableLatency
+from sim.observe.diagnose import ReplicaObserver
+from sim.results.metrics import RunRecorder
+from sim.world.fleet import simulate_fleet
+from sim.world.replica import ReplicaSetup
+from sim.world.router import build_router, router_rng
+
+ROOF = RooflineLatency(get_model("llama-3-8b"), get_hardware("h100-sxm"))
+
+
+class PowerOfTwo:
+    """Step times on a 2^-10 s grid: sums stay exact, so arrivals tie with step ends."""
+
+    name = "power-of-two"
+
+    def step_time(self, shape: StepShape) -> float:
+        return (1 + shape.num_tokens // 8 + shape.decode_context_max // 64) / 1024
+
+    def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
+        return each_step_s(self.step_time, shape, steps)
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> list[tuple[float, int, int, int]]:
+    """(arrival s, prompt, output, prefix group) rows, in arrival order."""
+    n = draw(st.integers(1, 40))
+    grid = draw(st.sampled_from([0.0, 1 / 256, 1 / 64]))  # 0: exponential gaps
+    rows, t = [], 0.0
+    for _ in range(n):
+        if grid:
+            t += grid * draw(st.integers(0, 8))
+        else:
+            t += draw(st.floats(0.0, 0.3))
+        rows.append((t, draw(st.integers(1, 300)), draw(st.integers(1, 120)),
+                     draw(st.integers(0, 3))))
+    return rows
+
+
+def requests(rows: list[tuple[float, int, int, int]]) -> list[Request]:
+    # group > 0: prompts sharing the group's leading tokens, so prefix hits happen
+    return [Request(i, a, p, o, prompt_token_ids=tuple(range(g * 1000, g * 1000 + p))
+                    if g else None) for i, (a, p, o, g) in enumerate(rows)]
+
+
+@st.composite
+def replicas(draw: st.DrawFn) -> dict:
+    policy = draw(st.sampled_from(["continuous", "continuous", "continuous", "static",
+                                   "dynamic", "contiguous"]))
+    return {"policy": policy, "blocks": draw(st.integers(30, 600)),
+            "block": draw(st.sampled_from([1, 4, 16])), "seqs": draw(st.integers(1, 24)),
+            "budget": draw(st.integers(16, 600)), "chunked": draw(st.booleans()),
+            "prefix": draw(st.booleans()), "swap": draw(st.booleans()),
+            "watermark": draw(st.sampled_from([0.0, 0.01, 0.1])),
+            "graphs": draw(st.booleans()), "batch": draw(st.integers(1, 6))}
+
+
+def build(c: dict):  # noqa: ANN201 - (scheduler, kv)
+    if c["policy"] in ("static", "dynamic"):
+        kv = ContiguousAllocator(c["blocks"] * 4, c["block"], 0.0)
+        if c["policy"] == "static":
+            return StaticScheduler(kv, c["batch"], max_model_len=500), kv
+        return DynamicScheduler(kv, c["batch"], 0.02, max_model_len=500), kv
+    if c["policy"] == "contiguous":
+        kv = ContiguousAllocator(c["blocks"], c["block"], c["watermark"])
+        return ContinuousScheduler(kv, c["seqs"], max(c["budget"], c["seqs"]), c["chunked"],
+                                   500, cuda_graphs=c["graphs"]), kv
+    kv = PagedBlockManager(c["blocks"], c["block"], c["watermark"],
+                           enable_prefix_cache=c["prefix"],
+                           host_swap_blocks=200 if c["swap"] else 0)
+    return ContinuousScheduler(kv, c["seqs"], max(c["budget"], c["seqs"]), c["chunked"], 500,
+                               preemption="swap" if c["swap"] else "recompute",
+                               cuda_graphs=c["graphs"]), kv
+
+
+def simulate(rows: list, config: dict, count: int, router: str, latency, fast: bool):  # noqa: ANN001, ANN201
+    reqs = requests(rows)
+    fleet = RunRecorder()
+    setups = []
+    for _ in range(count):
+        scheduler, kv = build(config)
+        setups.append(ReplicaSetup(scheduler, latency, fleet if count == 1 else RunRecorder(),
+                                   kv, observer=ReplicaObserver(scheduler, latency.step_time),
+                                   fast_forward=fast))
+    end_s = simulate_fleet(iter(reqs), setups, build_router(router), router_rng(0), fleet)
+    return reqs, fleet, setups, end_s
+
+
+def _same(a: object, b: object) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float)
+                      and math.isnan(a) and math.isnan(b))
+
+
+def stamps(r: Request) -> tuple:
+    return (r.state, r.first_scheduled_s, r.first_token_s, r.finish_s, r.num_preemptions,
+            r.prefix_hit_tokens, r.num_output_done)
+
+
+@settings(max_examples=200, deadline=None)
+@given(workloads(), replicas(), st.sampled_from([1, 1, 1, 2, 3]),
+       st.sampled_from(["round_robin", "least_kv", "prefix_aware"]),
+       st.sampled_from(["roofline", "power-of-two"]))
+def test_fast_forward_equals_step_by_step(rows, config, count, router, latency_name) -> None:
+    assert_same(rows, config, count, router, ROOF if latency_name == "roofline" else PowerOfTwo())
+
+
+def test_a_run_ending_where_no_delay_from_its_start_lands() -> None:
+    """From 0.038... s no SimPy delay reaches the run's float sum 0.3497604669134328 s (only
+    every other float of that binade is now + delay): the event must sit at the sum itself."""
+    rows = [(0.0, 1, 1, 0), (0.0, 1, 2, 0), (0.0, 1, 2, 0), (0.0, 1, 45, 0), (0.0, 1, 2, 0)]
+    config = {"policy": "continuous", "blocks": 30, "block": 4, "seqs": 2, "budget": 16,
+              "chunked": False, "prefix": False, "swap": False, "watermark": 0.0,
+              "graphs": False, "batch": 1}
+    assert_same(rows, config, 1, "round_robin", ROOF)
+
+
+def assert_same(rows: list, config: dict, count: int, router: str, latency) -> None:  # noqa: ANN001
+    step = simulate(rows, config, count, router, latency, False)
+    fast = simulate(rows, config, count, router, latency, True)
+    assert [stamps(r) for r in fast[0]] == [stamps(r) for r in step[0]]
+    assert fast[3] == step[3]  # the simulated end time
+    for a, b in zip([fast[1], *(s.recorder for s in fast[2])],
+                    [step[1], *(s.recorder for s in step[2])], strict=True):
+        sa, sb = a.summary(), b.summary()
+        assert sa.keys() == sb.keys()
+        assert [k for k in sa if not _same(sa[k], sb[k])] == []
+        assert a.steps_frame().equals(b.steps_frame())
+        assert a.requests_frame().equals(b.requests_frame())
+    for a, b in zip(fast[2], step[2], strict=True):
+        assert a.observer.diagnoser.frame().equals(b.observer.diagnoser.frame())
+
+
+def test_long_decode_runs_are_taken_and_cut_by_arrivals() -> None:
+    """Not vacuous: on a quiet replica most steps go by in runs, and arrivals cut them."""
+    rows = [(0.5 * i, 50, 400, 0) for i in range(20)]
+    scheduler, kv = build({"policy": "continuous", "blocks": 4000, "block": 16, "seqs": 32,
+                           "budget": 512, "chunked": True, "prefix": False, "swap": False,
+                           "watermark": 0.0, "graphs": True, "batch": 1})
+    runs = []
+    advance = scheduler.advance_decodes
+
+    def spy(run, steps: int) -> None:  # noqa: ANN001
+        runs.append((run.steps, steps))
+        advance(run, steps)
+
+    scheduler.advance_decodes = spy  # type: ignore[method-assign]
+    recorder = RunRecorder()
+    simulate_fleet(iter(requests(rows)), [ReplicaSetup(scheduler, ROOF, recorder, kv)], None,
+                   None, recorder)
+    in_runs = sum(steps for _, steps in runs)
+    assert in_runs > 0.8 * recorder.num_steps
+    assert any(steps < offered for offered, steps in runs), "an arrival must cut a run"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 300), st.integers(0, 10**6), st.integers(0, 400), st.integers(1, 500),
+       st.sampled_from(["llama-3-8b", "mixtral-8x7b", "qwen2.5-1.5b"]), st.sampled_from([1, 2]),
+       st.floats(0.0, 0.05), st.floats(0.0, 1e-4), st.floats(0.0, 1e-6))
+def test_batched_pricing_equals_step_time(n, context_sum, pad, steps, model, tp, a, b, padded
+                                          ) -> None:
+    shape = StepShape(num_decodes=n, decode_context_sum=context_sum,
+                      decode_context_max=context_sum // n, padded_batch=n + pad)
+    roof = RooflineLatency(get_model(model), get_hardware("h100-sxm"), tp=tp)
+    table = TableLatency(TableFit("device", (0, 64, 512), 1.0 + a, (a, b * 1e3), b, b, a, a,
+                                  padded), cpu_step_s=a / 3, cpu_seq_s=b / 7)
+    for latency in (roof, table):
+        fast = latency.decode_run_s(shape, steps)
+        assert fast.tolist() == [latency.step_time(decode_shape(shape, s))
+                                 for s in range(steps)]
