@@ -16,7 +16,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+
+from sim.results.student_t import t_ppf
 
 LEVEL = 0.95
 
@@ -64,7 +65,7 @@ class Clipped(Interval):
 
 def t_quantile(n: int, level: float = LEVEL) -> float:
     """The two-sided Student t quantile for `n` samples (n - 1 degrees of freedom)."""
-    return float(stats.t.ppf(0.5 + level / 2, n - 1))
+    return t_ppf(0.5 + level / 2, n - 1)
 
 
 def spread_interval(samples: np.ndarray, centre: float | None = None,
