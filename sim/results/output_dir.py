@@ -150,6 +150,9 @@ class Staging:
             self.abort()
             raise OutputDirError(f"{field} {str(target)!r}: cannot create it: "
                                  f"{err.strerror or err}") from None
+        except BaseException:  # Ctrl-C, delivered as the signals are let through again
+            self.abort()
+            raise
         self.committed = False
 
     def _fresh(self, prefix: str) -> Path:
@@ -173,7 +176,8 @@ class Staging:
         """Remove what was written and the parents made for it; the target is untouched."""
         if hasattr(self, "path"):
             shutil.rmtree(self.path, ignore_errors=True)
-            self._cleanup.detach()
+            if hasattr(self, "_cleanup"):
+                self._cleanup.detach()
         for parent in reversed(self._created):
             try:
                 parent.rmdir()
