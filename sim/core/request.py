@@ -9,8 +9,9 @@ computed to zero; the same rule then re-prefills prompt and output so far.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol
 
 ABORTED_REASON = "aborted"  # the reason an aborted request is recorded under
 
@@ -23,16 +24,43 @@ class RequestState(Enum):
     ABORTED = "aborted"  # dropped before it finished (a client went away)
 
 
+class LiveCounters(Protocol):
+    """Where a running request's progress counters live (the continuous scheduler's
+    numpy-column running set): read and written there while it runs."""
+
+    def counter(self, request: Request, name: str) -> int: ...
+
+    def set_counter(self, request: Request, name: str, value: int) -> None: ...
+
+
+def _counter(name: str, doc: str) -> property:
+    """A progress counter: the request's own while it is not running in a column set,
+    else the set's column (so it is exact at any time, and no step writes a Request)."""
+    own = "_" + name
+
+    def get(self: Request) -> int:
+        live = self._live
+        return getattr(self, own) if live is None else live.counter(self, name)
+
+    def put(self: Request, value: int) -> None:
+        live = self._live
+        if live is None:
+            setattr(self, own, value)
+        else:
+            live.set_counter(self, name, value)
+
+    return property(get, put, doc=doc)
+
+
 @dataclass(slots=True, eq=False)
 class Request:
     """Mutable per-request state; kept compact because the hot loop touches it every step.
 
-    Lazily synced: while a request runs in a large batch, the continuous scheduler
-    keeps `num_computed_tokens` and `num_output_done` in arrays and these fields may
-    be stale; call `ContinuousScheduler.sync_requests()` before reading them then.
-    They are exact whenever a request is waiting, preempted, finished or rejected,
-    and `first_scheduled_s`, `first_token_s`, `finish_s`, `state` and
-    `num_preemptions` are always set at the step they belong to.
+    While a request runs under the continuous scheduler its progress counters
+    (`num_computed_tokens`, `num_output_done`, `spec_drafted`, `spec_accepted`)
+    live in the scheduler's numpy columns and these properties read them there;
+    `first_scheduled_s`, `first_token_s`, `finish_s`, `state` and
+    `num_preemptions` are set at the step they belong to.
     """
 
     request_id: int
@@ -46,16 +74,22 @@ class Request:
     prefix_unit_tokens: int = 512
 
     state: RequestState = RequestState.WAITING
-    num_computed_tokens: int = 0
-    num_output_done: int = 0
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     finish_s: float | None = None
     num_preemptions: int = 0
     prefix_hit_tokens: int = 0
     rejection_reason: str | None = None
-    spec_drafted: int = 0  # speculative decoding: draft tokens verified, and accepted
-    spec_accepted: int = 0
+    _num_computed_tokens: int = field(default=0, init=False, repr=False)
+    _num_output_done: int = field(default=0, init=False, repr=False)
+    _spec_drafted: int = field(default=0, init=False, repr=False)
+    _spec_accepted: int = field(default=0, init=False, repr=False)
+    _live: LiveCounters | None = field(default=None, init=False, repr=False)
+
+    num_computed_tokens = _counter("num_computed_tokens", "Tokens with KV in cache.")
+    num_output_done = _counter("num_output_done", "Output tokens emitted so far.")
+    spec_drafted = _counter("spec_drafted", "Speculative decoding: draft tokens verified.")
+    spec_accepted = _counter("spec_accepted", "Speculative decoding: draft tokens accepted.")
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
