@@ -38,10 +38,11 @@ holds its rules), with k_i drafts per sequence.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 from sim.core.batching import graph_batch_sizes, padded_batch_size
 from sim.core.contiguous import ContiguousAllocator
-from sim.core.decode_run import DecodeRun
+from sim.core.decode_run import DecodeRun, RunSegment
 from sim.core.kv import KVManager, PagedBlockManager
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
@@ -219,13 +220,14 @@ class ContinuousScheduler:
         return plan
 
     def decode_run(self, max_steps: int = 1 << 16) -> DecodeRun | None:
-        """The next steps when they are plain decodes of an unchanging running set, else None.
+        """The next steps when they are plain decodes of the running set, else None.
 
         The running set must be all plain decodes within the budget, with no swap to
         charge and no speculation, and admission must stay shut for the whole run:
-        an empty queue (the world ends the run at the next arrival), or seats or
-        budget full, or a head blocked on KV while no block frees (its need only
-        grows: each step takes blocks, evictions only cost it hits).
+        an empty queue (the world ends the run at the next arrival; finishers just
+        leave), or seats or budget full, or a head blocked on KV while no block
+        frees (its need only grows: each step takes blocks, evictions only cost it
+        hits), up to the first finisher's step.
         """
         batch, n = self._batch, len(self.running)
         if self._spec.k or not n or n > self.max_num_batched_tokens \
@@ -237,15 +239,19 @@ class ContinuousScheduler:
         if on_kv and not (blocked is not None and blocked[0] is waiting[0]
                           and self.kv.num_free_blocks <= blocked[1]):
             return None
-        padded = padded_batch_size(n, self._graph_sizes) if self._graph_sizes else 0
-        return batch.decode_run(self.kv, self._paged is not None, padded, len(waiting), on_kv,
-                                max_steps)
+        return batch.decode_run(self.kv, self._paged is not None, self._graph_sizes,
+                                len(waiting), on_kv, max_steps)
 
-    def advance_decodes(self, run: DecodeRun, steps: int) -> None:
-        """Apply the first `steps` (1 <= steps <= run.steps) of the last decode_run()."""
-        assert 0 < steps <= run.steps
-        self._batch.advance(steps, self.kv, self._paged if self._prefix_cache else None)
+    def advance_decodes(self, run: DecodeRun, begin: int, end: int,
+                        step_end_s: Sequence[float]) -> list[RunSegment]:
+        """Apply steps [begin, end) (0 <= begin < end <= run.steps) of the last decode_run(),
+        those before `begin` applied already; step s ended at `step_end_s[s]` (its
+        finishers' finish time)."""
+        assert 0 <= begin < end <= run.steps
         self.kv_blocked = run.kv_blocked
+        return self._batch.advance(run, begin, end, step_end_s, self.kv,
+                                   self._paged is not None,
+                                   self._paged if self._prefix_cache else None, self._in_flight)
 
     def _build(self, step: PlanBuilder, preempted: list[int]) -> StepPlan | None:
         self._preempted_only = not step.request_ids and bool(preempted)
