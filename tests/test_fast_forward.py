@@ -229,7 +229,7 @@ def test_a_run_goes_on_across_finishes_freeing_as_step_by_step(outputs, prompt, 
         logged(scheduler, log)
         advance = scheduler.advance_decodes
 
-        def spy(run, begin, end, step_end_s):  # noqa: ANN001, ANN202
+        def spy(run, begin, end, step_end_s, advance=advance):  # noqa: ANN001, ANN202
             ran = advance(run, begin, end, step_end_s)
             segments.extend(ran)
             return ran
