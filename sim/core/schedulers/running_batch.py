@@ -441,20 +441,29 @@ class RunningBatch:
                     return None
                 taken, used = taken[:steps], used[:steps]
             used += taken
-        segments = [(0, self._shape(computed, 0, graph_sizes))]
-        if gone:
-            for f in np.unique(finish[finish < steps - 1]).tolist():
-                segments.append((f + 1, self._shape(computed[finish > f], f + 1, graph_sizes)))
+        segments = [(0, self._shape(n, int(np.add.reduce(computed)),
+                                    int(np.maximum.reduce(computed)), graph_sizes))]
+        if gone:  # the rows left after each finishers' step: a suffix in finish order
+            by_finish = np.argsort(finish, kind="stable")
+            ends = finish[by_finish]
+            contexts = computed[by_finish]
+            suffix_sum = np.cumsum(contexts[::-1])[::-1].tolist()
+            suffix_max = np.maximum.accumulate(contexts[::-1])[::-1].tolist()
+            ends_at = np.unique(ends[ends < steps - 1])
+            for f, left in zip(ends_at.tolist(),
+                               np.searchsorted(ends, ends_at, side="right").tolist(), strict=True):
+                m, s = n - left, f + 1
+                segments.append((s, self._shape(m, suffix_sum[left] + s * m,
+                                                suffix_max[left] + s, graph_sizes)))
         return DecodeRun(steps, segments[0][1], used, num_waiting, not num_waiting, bs,
                          kv_blocked, tuple(segments))
 
     @staticmethod
-    def _shape(computed: np.ndarray, s: int, graph_sizes: tuple[int, ...]) -> StepShape:
-        """Step s's shape for the rows of `computed` (their contexts at step 0)."""
-        n = len(computed)
+    def _shape(n: int, context_sum: int, context_max: int,
+               graph_sizes: tuple[int, ...]) -> StepShape:
+        """A plain-decode step's shape: n decodes with these contexts (padded for graphs)."""
         padded = padded_batch_size(n, graph_sizes) if graph_sizes else 0
-        return StepShape((), (), n, int(np.add.reduce(computed)) + s * n,
-                         int(np.maximum.reduce(computed)) + s, max(padded, n))
+        return StepShape((), (), n, context_sum, context_max, max(padded, n))
 
     def advance(self, run: DecodeRun, begin: int, end: int, step_end_s: Sequence[float],
                 kv: KVManager, paged: bool, naming: PagedBlockManager | None,
