@@ -46,6 +46,7 @@ from sim.core.decode_run import DecodeRun, RunSegment
 from sim.core.kv import KVManager, PagedBlockManager
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
+from sim.core.schedulers.batch_runs import apply_run, describe_run
 from sim.core.schedulers.limits import LengthLimits
 from sim.core.schedulers.plan_builder import PlanBuilder
 from sim.core.schedulers.running_batch import RunningBatch
@@ -239,8 +240,8 @@ class ContinuousScheduler:
         if on_kv and not (blocked is not None and blocked[0] is waiting[0]
                           and self.kv.num_free_blocks <= blocked[1]):
             return None
-        return batch.decode_run(self.kv, self._paged is not None, self._graph_sizes,
-                                len(waiting), on_kv, max_steps)
+        return describe_run(batch, self.kv, self._paged is not None, self._graph_sizes,
+                            len(waiting), on_kv, max_steps)
 
     def advance_decodes(self, run: DecodeRun, begin: int, end: int,
                         step_end_s: Sequence[float]) -> list[RunSegment]:
@@ -249,9 +250,9 @@ class ContinuousScheduler:
         finishers' finish time)."""
         assert 0 <= begin < end <= run.steps
         self.kv_blocked = run.kv_blocked
-        return self._batch.advance(run, begin, end, step_end_s, self.kv,
-                                   self._paged is not None,
-                                   self._paged if self._prefix_cache else None, self._in_flight)
+        return apply_run(self._batch, run, begin, end, step_end_s, self.kv,
+                         self._paged is not None, self._paged if self._prefix_cache else None,
+                         self._in_flight)
 
     def _build(self, step: PlanBuilder, preempted: list[int]) -> StepPlan | None:
         self._preempted_only = not step.request_ids and bool(preempted)

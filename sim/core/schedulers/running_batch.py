@@ -22,14 +22,12 @@ is a multiple of it. Speculation's rolled-back drafts may leave more blocks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
-from sim.core.batching import padded_batch_size
-from sim.core.decode_run import DecodeRun, FinishStep, RunSegment, decode_shape
 from sim.core.kv import KVManager, PagedBlockManager
-from sim.core.plan import StepPlan, StepResult, StepShape
+from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
 from sim.core.schedulers.plan_builder import PlanBuilder
 from sim.core.schedulers.speculation import Speculation, emitted_each
@@ -39,12 +37,6 @@ COMPUTED, KNOWN, DONE, TARGET, DRAFTED, ACCEPTED, PREFILLING = range(7)
 # the Request counters the columns hold while it runs
 COUNTERS = {"num_computed_tokens": COMPUTED, "num_output_done": DONE,
             "spec_drafted": DRAFTED, "spec_accepted": ACCEPTED}
-
-
-def _part(run: DecodeRun, steps: int, shape: StepShape, used: np.ndarray) -> DecodeRun:
-    """`steps` steps of `run` from one with `shape`, nobody finishing, `used` blocks."""
-    return DecodeRun(steps, shape, used, run.num_waiting, run.stops_at_arrival, run.block_size,
-                     run.kv_blocked)
 
 
 class RunningBatch:
@@ -340,7 +332,7 @@ class RunningBatch:
         finished = (state[DONE, :rows] == state[TARGET, :rows]).nonzero()[0]
         if not finished.size:
             return []
-        return self._retire(finished.tolist(), now, kv, in_flight)
+        return self.retire(finished.tolist(), now, kv, in_flight)
 
     def _apply_each(self, plan: StepPlan, rows: list[int], result: StepResult, now: float,
                     kv: KVManager, in_flight: dict[int, Request]) -> list[Request]:
@@ -374,9 +366,9 @@ class RunningBatch:
         finished = (state[DONE, idx] == state[TARGET, idx]).nonzero()[0]
         if not finished.size:
             return []
-        return self._retire([rows[j] for j in finished.tolist()], now, kv, in_flight)
+        return self.retire([rows[j] for j in finished.tolist()], now, kv, in_flight)
 
-    def _retire(self, rows: list[int], now: float, kv: KVManager,
+    def retire(self, rows: list[int], now: float, kv: KVManager,
                 in_flight: dict[int, Request]) -> list[Request]:
         """Finish these rows in plan order (block frees are ordered), then compact."""
         state, reqs = self.state, self.reqs
@@ -402,142 +394,7 @@ class RunningBatch:
             state[:, :n - len(rows)] = state[:, :n][:, keep]
         return finished
 
-    # -- runs of plain decodes (sim.core.decode_run) ------------------------------------
+    # -- runs of plain decodes: batch_runs.py ----------------------------------------------
     def plain_decodes(self) -> bool:
         """Every running sequence's next step is one plain decode (apply() just saw to it)."""
         return self._all_decode and self.pending is None
-
-    def decode_run(self, kv: KVManager, paged: bool, graph_sizes: tuple[int, ...],
-                   num_waiting: int, kv_blocked: bool, max_steps: int) -> DecodeRun | None:
-        """The next plain-decode steps: across finishes while nobody waits, else up to the first
-        finisher's step; cut where the free pool (frees aside) cannot cover the blocks.
-
-        Step s (from 0) gives row i a block when its context c_i + s is a multiple
-        of the block size, i.e. when s = (-c_i) mod block size: its phase, from its
-        first step to the step it finishes in.
-        """
-        n = len(self.reqs)
-        state = self.state
-        computed = state[COMPUTED, :n]
-        finish = state[TARGET, :n] - state[DONE, :n] - 1  # the step each one finishes in
-        last = int(np.minimum.reduce(finish)) if num_waiting else int(np.maximum.reduce(finish))
-        steps = min(last + 1, max_steps)
-        if steps < 2:
-            return None
-        bs = self.block_size
-        phase = (-computed) % bs
-        used = np.full(steps, kv.num_used_blocks, dtype=np.int64)
-        gone = (finish < steps - 1).nonzero()[0].tolist()  # finish before the last step
-        if paged:
-            taken = np.bincount(phase, minlength=bs)[np.arange(steps) % bs]
-            if gone:
-                for f, ph in zip(finish[gone].tolist(), phase[gone].tolist(), strict=True):
-                    taken[f + 1 + (ph - f - 1) % bs::bs] -= 1  # the block steps after it left
-            taken = np.cumsum(taken)
-            fits = int(np.searchsorted(taken, kv.num_free_blocks, side="right"))
-            if fits < steps:
-                steps = fits
-                if steps < 2:
-                    return None
-                taken, used = taken[:steps], used[:steps]
-            used += taken
-        segments = [(0, self._shape(n, int(np.add.reduce(computed)),
-                                    int(np.maximum.reduce(computed)), graph_sizes))]
-        if gone:  # the rows left after each finishers' step: a suffix in finish order
-            by_finish = np.argsort(finish, kind="stable")
-            ends = finish[by_finish]
-            contexts = computed[by_finish]
-            suffix_sum = np.cumsum(contexts[::-1])[::-1].tolist()
-            suffix_max = np.maximum.accumulate(contexts[::-1])[::-1].tolist()
-            ends_at = np.unique(ends[ends < steps - 1])
-            for f, left in zip(ends_at.tolist(),
-                               np.searchsorted(ends, ends_at, side="right").tolist(), strict=True):
-                m, s = n - left, f + 1
-                segments.append((s, self._shape(m, suffix_sum[left] + s * m,
-                                                suffix_max[left] + s, graph_sizes)))
-        return DecodeRun(steps, segments[0][1], used, num_waiting, not num_waiting, bs,
-                         kv_blocked, tuple(segments))
-
-    @staticmethod
-    def _shape(n: int, context_sum: int, context_max: int,
-               graph_sizes: tuple[int, ...]) -> StepShape:
-        """A plain-decode step's shape: n decodes with these contexts (padded for graphs)."""
-        padded = padded_batch_size(n, graph_sizes) if graph_sizes else 0
-        return StepShape((), (), n, context_sum, context_max, max(padded, n))
-
-    def advance(self, run: DecodeRun, begin: int, end: int, step_end_s: Sequence[float],
-                kv: KVManager, paged: bool, naming: PagedBlockManager | None,
-                in_flight: dict[int, Request]) -> list[RunSegment]:
-        """Apply steps [begin, end) of `run` (the steps before `begin` applied already):
-        segment by segment, the same block calls in the same order as step by step (each
-        step's new blocks, then the blocks it filled named), then the finishers of a
-        segment's last step retired (their blocks freed) at its end, `step_end_s[s]`."""
-        out: list[RunSegment] = []
-        for start, length, shape in run.segment_lengths():
-            first, stop = max(start, begin), min(start + length, end)
-            if first >= stop:
-                continue
-            k = stop - first
-            if first > start:
-                shape = decode_shape(shape, first - start)
-            used = self._take_blocks(k, kv, paged, naming)
-            n = len(self.reqs)
-            state = self.state
-            state[COMPUTED:DONE + 1, :n] += k
-            done = (state[DONE, :n] == state[TARGET, :n]).nonzero()[0]
-            if not done.size:
-                out.append(RunSegment(first, _part(run, k, shape, used), None))
-                continue
-            plan = StepPlan(tuple(self.rids), (1,) * n, tuple((state[COMPUTED, :n] - 1).tolist()),
-                            tuple(self.tables), (False,) * n, (True,) * n,
-                            decode_shape(shape, k - 1))
-            held = int(used[-1]) * self.block_size
-            finished = self._retire(done.tolist(), step_end_s[stop - 1], kv, in_flight)
-            out.append(RunSegment(first, _part(run, k - 1, shape, used[:k - 1]),
-                                  FinishStep(plan, finished, kv.num_used_blocks, held,
-                                             len(self.reqs))))
-        return out
-
-    def _take_blocks(self, steps: int, kv: KVManager, paged: bool,
-                     naming: PagedBlockManager | None) -> np.ndarray:
-        """Give the rows their blocks for the next `steps` plain decodes (nobody leaves in
-        between); returns the blocks in use while each step runs."""
-        n, bs, tables, rids = len(self.reqs), self.block_size, self.tables, self.rids
-        computed = self.state[COMPUTED, :n]
-        phase = (-computed) % bs
-        per_phase = np.bincount(phase, minlength=bs)
-        used0 = kv.num_used_blocks
-        if naming is None:  # nothing between two steps' blocks: take them all in one call
-            # step s grows the rows of phase s % bs, in row order
-            by_phase = np.argsort(phase, kind="stable")
-            cycles, rest = divmod(steps, bs)
-            order = by_phase[:int(np.searchsorted(phase[by_phase], rest))]  # phases < rest
-            if cycles:
-                order = np.concatenate((np.tile(by_phase, cycles), order))
-            if order.size:
-                rows = order.tolist()
-                grown = kv.append_block_each([rids[i] for i in rows])
-                assert grown is not None, "a decode run took more blocks than were free"
-                for i, table in zip(rows, grown, strict=True):
-                    tables[i] = table  # a row's last entry is its final table
-        else:
-            order = np.argsort(phase, kind="stable").tolist()
-            rows, at = [], 0
-            for count in per_phase.tolist():
-                members = order[at:at + count]
-                rows.append((members, [rids[i] for i in members]))
-                at += count
-            contexts = computed.tolist()
-            for s in range(steps):
-                members, member_rids = rows[s % bs]
-                if members:
-                    grown = kv.append_block_each(member_rids)
-                    assert grown is not None, "a decode run took more blocks than were free"
-                    for i, table in zip(members, grown, strict=True):
-                        tables[i] = table
-                members, member_rids = rows[(s + 1) % bs]
-                for i, rid in zip(members, member_rids, strict=True):
-                    naming.cache_computed(rid, contexts[i] + s + 1)
-        if not paged:
-            return np.full(steps, used0, dtype=np.int64)
-        return used0 + np.cumsum(per_phase[np.arange(steps) % bs])
