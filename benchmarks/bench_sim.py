@@ -83,10 +83,11 @@ def _count_runs() -> list[int] | None:
         return None
     counts = [0, 0]
 
-    def counted(self: ContinuousScheduler, run: object, steps: int) -> None:
-        counts[0] += 1
-        counts[1] += steps
-        advance(self, run, steps)
+    def counted(self: ContinuousScheduler, run: object, begin: int, end: int,
+                step_end_s: object) -> object:
+        counts[0] += begin == 0  # a run may be applied in parts (at arrivals during it)
+        counts[1] += end - begin
+        return advance(self, run, begin, end, step_end_s)
 
     ContinuousScheduler.advance_decodes = counted  # type: ignore[method-assign]
     return counts

@@ -213,7 +213,6 @@ def test_paged_holds_under_one_block_per_sequence_beyond_live_tokens(
     requests = [Request(i, a, p, o) for i, (a, p, o) in enumerate(spec)]
 
     def check(plan: StepPlan, now: float) -> None:
-        sched.sync_requests()
         planned = set(plan.request_ids)
         # running sequences left out of the step (budget spent) hold their computed tokens
         idle = sum(r.num_computed_tokens for r in sched.running if r.request_id not in planned)

@@ -166,9 +166,9 @@ def test_long_decode_runs_are_taken_and_cut_by_arrivals() -> None:
     runs = []
     advance = scheduler.advance_decodes
 
-    def spy(run, steps: int) -> None:  # noqa: ANN001
-        runs.append((run.steps, steps))
-        advance(run, steps)
+    def spy(run, begin: int, end: int, step_end_s):  # noqa: ANN001, ANN202
+        runs.append((run.steps, end - begin))
+        return advance(run, begin, end, step_end_s)
 
     scheduler.advance_decodes = spy  # type: ignore[method-assign]
     recorder = RunRecorder()
@@ -194,3 +194,82 @@ def test_batched_pricing_equals_step_time(n, context_sum, pad, steps, model, tp,
         fast = latency.decode_run_s(shape, steps)
         assert fast.tolist() == [latency.step_time(decode_shape(shape, s))
                                  for s in range(steps)]
+
+
+def logged(scheduler: ContinuousScheduler, log: list) -> None:
+    """Log every plan schedule() makes: its start, sequences and block tables."""
+    schedule = scheduler.schedule
+
+    def spy(now: float):  # noqa: ANN202
+        plan = schedule(now)
+        if plan is not None:
+            log.append((now, plan.request_ids, plan.block_tables))
+        return plan
+
+    scheduler.schedule = spy  # type: ignore[method-assign]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 90), min_size=2, max_size=12), st.integers(1, 40),
+       st.sampled_from([1, 4, 16]), st.booleans(), st.booleans(), st.floats(0.05, 2.0))
+def test_a_run_goes_on_across_finishes_freeing_as_step_by_step(outputs, prompt, block, prefix,
+                                                                graphs, gap_s) -> None:
+    """Many finishers inside one run (a quiet queue), then a second wave that reuses the
+    blocks they freed: every later plan's block tables, every request's timestamps and
+    the recorders equal step by step's (so the free order and the finish times do)."""
+    rows = [(0.0, prompt, o, 1 if prefix else 0) for o in outputs]
+    rows += [(gap_s + 0.01 * i, prompt + 5, o, 1 if prefix else 0) for i, o in enumerate(outputs)]
+    config = {"policy": "continuous", "blocks": 400, "block": block, "seqs": 64, "budget": 2048,
+              "chunked": True, "prefix": prefix, "swap": False, "watermark": 0.0,
+              "graphs": graphs, "batch": 1}
+    results, plans, segments = [], [], []
+    for fast in (False, True):
+        scheduler, kv = build(config)
+        log: list = []
+        logged(scheduler, log)
+        advance = scheduler.advance_decodes
+
+        def spy(run, begin, end, step_end_s, advance=advance):  # noqa: ANN001, ANN202
+            ran = advance(run, begin, end, step_end_s)
+            segments.extend(ran)
+            return ran
+
+        scheduler.advance_decodes = spy  # type: ignore[method-assign]
+        reqs = requests(rows)
+        recorder = RunRecorder()
+        end_s = simulate_fleet(iter(reqs), [ReplicaSetup(
+            scheduler, ROOF, recorder, kv, observer=ReplicaObserver(scheduler, ROOF.step_time),
+            fast_forward=fast)], None, None, recorder)
+        results.append(([stamps(r) for r in reqs], end_s, recorder.summary(),
+                         recorder.requests_frame(), recorder.steps_frame()))
+        plans.append(log)
+    step, fast = results
+    assert fast[0] == step[0] and fast[1] == step[1]
+    assert [k for k in step[2] if not _same(step[2][k], fast[2][k])] == []
+    assert fast[3].equals(step[3]) and fast[4].equals(step[4])
+    by_start = dict(((now, ids), tables) for now, ids, tables in plans[0])
+    assert all(by_start[(now, ids)] == tables for now, ids, tables in plans[1])
+    if len(set(outputs)) > 2:  # several distinct finish steps: one run spans finishes
+        assert sum(s.finish is not None for s in segments) >= 2
+
+
+def test_runs_span_finishers_at_a_quiet_rate() -> None:
+    """Not vacuous: with nobody waiting a run carries on past its finishers."""
+    rows = [(0.0, 20, 10 + 7 * i, 0) for i in range(12)]
+    scheduler, kv = build({"policy": "continuous", "blocks": 2000, "block": 16, "seqs": 32,
+                           "budget": 512, "chunked": True, "prefix": False, "swap": False,
+                           "watermark": 0.0, "graphs": False, "batch": 1})
+    ran: list = []
+    advance = scheduler.advance_decodes
+
+    def spy(run, begin, end, step_end_s):  # noqa: ANN001, ANN202
+        ran.append(advance(run, begin, end, step_end_s))
+        return ran[-1]
+
+    scheduler.advance_decodes = spy  # type: ignore[method-assign]
+    recorder = RunRecorder()
+    simulate_fleet(iter(requests(rows)), [ReplicaSetup(scheduler, ROOF, recorder, kv)], None,
+                   None, recorder)
+    assert len(ran) == 1  # one run after the prefill step, to the last finisher
+    assert sum(s.finish is not None for s in ran[0]) == 12
+    assert recorder.num_steps == 1 + 10 + 7 * 11 - 1

@@ -2,8 +2,8 @@
 
 parity/record_vllm.py ran vLLM's v1 Scheduler on every configuration of
 parity/configs.py; here servesim replays the same configurations through the
-same step loop and must make the same decision at every step (the running
-set in numpy columns; speculation on its per-request loop). The recorded
+same step loop and must make the same decision at every step (the one running
+set, numpy columns, speculation included). The recorded
 trace is the scheduler's oracle; a newer vLLM is `python -m
 parity.record_vllm` in its venv (parity/NOTES.md).
 """

@@ -1,14 +1,20 @@
 """A run of decode steps whose plans cannot change: what the simulator advances as one event.
 
-While every running sequence is a plain decode, none finishes, no waiting request
-can be admitted and the free pool covers every block the steps take, each plan
-is the last one with every context one token longer: nothing but time passes.
-A scheduler describes the next such steps as a `DecodeRun`
-(`ContinuousScheduler.decode_run`), the world prices them in one call
-(`LatencyModel.decode_run_s`) and the scheduler applies as many of them as ran
-(`advance_decodes`), taking the same blocks in the same order as step by step.
-The world ends a run early at the step an arrival lands in when that arrival
-could be admitted (`stops_at_arrival`), so the plans stay those of step by step.
+While every running sequence is a plain decode, no waiting request can be
+admitted and the free pool covers every block the steps take, each plan is the
+last one with every context one token longer, less the sequences that finished
+in it: nothing but time passes. A finisher's step just drops it (its blocks are
+freed in plan order, as step by step), so a run goes on across finishes while
+the queue is empty; with requests waiting it ends at the first finisher's step
+(the freed seat or blocks may admit one). A scheduler describes the next such
+steps as a `DecodeRun` (`ContinuousScheduler.decode_run`): segments of one
+running set each, each ending with a step in which some sequences finish (but
+the last). The world prices each segment in one call (`LatencyModel.decode_run_s`)
+and the scheduler applies as many steps as ran (`advance_decodes`), taking and
+freeing the same blocks in the same order as step by step, and returns what
+ran as `RunSegment`s for the recorders. The world ends a run early at the step
+an arrival lands in when that arrival could be admitted (`stops_at_arrival`),
+so the plans stay those of step by step.
 """
 
 from __future__ import annotations
@@ -17,16 +23,21 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from sim.core.plan import StepShape
+from sim.core.plan import StepPlan, StepShape
+from sim.core.request import Request
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class DecodeRun:
     """The next `steps` plain-decode steps of an unchanging running set.
 
-    `shape` is the first step's; step s (from 0) has decode context sum
-    `shape.decode_context_sum + s * shape.num_decodes` and max `+ s` (decode_shape).
-    `kv_blocks_used[s]`: blocks in use while step s runs and after it (no one frees).
+    `shape` is the first step's; step s (from 0) of a segment starting at step a with
+    shape S has decode context sum `S.decode_context_sum + (s - a) * S.num_decodes` and
+    max `+ (s - a)` (decode_shape). `segments`: (first step, shape) of each segment;
+    the first is (0, shape), and each later one starts after a step in which some
+    sequences finished.
+    `kv_blocks_used[s]`: blocks in use while step s runs, if no one had finished before
+    it (exact for the first segment; RunSegment's are exact).
     `num_waiting`: queued at the start; arrivals during the run only join the tail.
     `stops_at_arrival`: the queue was empty, so an arrival could be admitted: the run
     must end with the step during which the next request arrives.
@@ -42,6 +53,36 @@ class DecodeRun:
     stops_at_arrival: bool
     block_size: int
     kv_blocked: bool
+    segments: tuple[tuple[int, StepShape], ...] = ()
+
+    def segment_lengths(self) -> list[tuple[int, int, StepShape]]:
+        """(first step, steps, shape) of each segment."""
+        segments = self.segments or ((0, self.shape),)
+        ends = [start for start, _ in segments[1:]] + [self.steps]
+        return [(start, end - start, shape) for (start, shape), end in zip(segments, ends,
+                                                                           strict=True)]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class FinishStep:
+    """The step that ends a segment: `plan` ran, then `finished` left (their blocks freed),
+    leaving `num_running` sequences and `kv_blocks_used` blocks; `kv_slots_held` while it ran."""
+
+    plan: StepPlan
+    finished: list[Request]
+    kv_blocks_used: int
+    kv_slots_held: int
+    num_running: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RunSegment:
+    """Steps of an applied run: `run.steps` plain steps from step `start` (nobody finishes,
+    `run.kv_blocks_used` exact), then `finish`, the step some sequences finished in, if any."""
+
+    start: int
+    run: DecodeRun
+    finish: FinishStep | None
 
 
 def decode_shape(shape: StepShape, s: int) -> StepShape:

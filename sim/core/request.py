@@ -9,8 +9,9 @@ computed to zero; the same rule then re-prefills prompt and output so far.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol
 
 ABORTED_REASON = "aborted"  # the reason an aborted request is recorded under
 
@@ -23,16 +24,24 @@ class RequestState(Enum):
     ABORTED = "aborted"  # dropped before it finished (a client went away)
 
 
+class LiveCounters(Protocol):
+    """Where a running request's progress counters live (the continuous scheduler's
+    numpy-column running set): read and written there while it runs."""
+
+    def counter(self, request: Request, name: str) -> int: ...
+
+    def set_counter(self, request: Request, name: str, value: int) -> None: ...
+
+
 @dataclass(slots=True, eq=False)
 class Request:
     """Mutable per-request state; kept compact because the hot loop touches it every step.
 
-    Lazily synced: while a request runs in a large batch, the continuous scheduler
-    keeps `num_computed_tokens` and `num_output_done` in arrays and these fields may
-    be stale; call `ContinuousScheduler.sync_requests()` before reading them then.
-    They are exact whenever a request is waiting, preempted, finished or rejected,
-    and `first_scheduled_s`, `first_token_s`, `finish_s`, `state` and
-    `num_preemptions` are always set at the step they belong to.
+    While a request runs under the continuous scheduler its progress counters
+    (`num_computed_tokens`, `num_output_done`, `spec_drafted`, `spec_accepted`)
+    live in the scheduler's numpy columns and these properties read them there;
+    `first_scheduled_s`, `first_token_s`, `finish_s`, `state` and
+    `num_preemptions` are set at the step they belong to.
     """
 
     request_id: int
@@ -46,16 +55,71 @@ class Request:
     prefix_unit_tokens: int = 512
 
     state: RequestState = RequestState.WAITING
-    num_computed_tokens: int = 0
-    num_output_done: int = 0
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     finish_s: float | None = None
     num_preemptions: int = 0
     prefix_hit_tokens: int = 0
     rejection_reason: str | None = None
-    spec_drafted: int = 0  # speculative decoding: draft tokens verified, and accepted
-    spec_accepted: int = 0
+    _num_computed_tokens: int = field(default=0, init=False, repr=False)
+    _num_output_done: int = field(default=0, init=False, repr=False)
+    _spec_drafted: int = field(default=0, init=False, repr=False)
+    _spec_accepted: int = field(default=0, init=False, repr=False)
+    _live: LiveCounters | None = field(default=None, init=False, repr=False)
+
+    # the progress counters: the request's own unless a running set holds them (_live)
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens with KV in cache."""
+        live = self._live
+        return self._num_computed_tokens if live is None else live.counter(
+            self, "num_computed_tokens")
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        if self._live is None:
+            self._num_computed_tokens = value
+        else:
+            self._live.set_counter(self, "num_computed_tokens", value)
+
+    @property
+    def num_output_done(self) -> int:
+        """Output tokens emitted so far."""
+        live = self._live
+        return self._num_output_done if live is None else live.counter(self, "num_output_done")
+
+    @num_output_done.setter
+    def num_output_done(self, value: int) -> None:
+        if self._live is None:
+            self._num_output_done = value
+        else:
+            self._live.set_counter(self, "num_output_done", value)
+
+    @property
+    def spec_drafted(self) -> int:
+        """Speculative decoding: draft tokens verified."""
+        live = self._live
+        return self._spec_drafted if live is None else live.counter(self, "spec_drafted")
+
+    @spec_drafted.setter
+    def spec_drafted(self, value: int) -> None:
+        if self._live is None:
+            self._spec_drafted = value
+        else:
+            self._live.set_counter(self, "spec_drafted", value)
+
+    @property
+    def spec_accepted(self) -> int:
+        """Speculative decoding: draft tokens accepted."""
+        live = self._live
+        return self._spec_accepted if live is None else live.counter(self, "spec_accepted")
+
+    @spec_accepted.setter
+    def spec_accepted(self, value: int) -> None:
+        if self._live is None:
+            self._spec_accepted = value
+        else:
+            self._live.set_counter(self, "spec_accepted", value)
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
@@ -79,39 +143,16 @@ class Request:
                               RequestState.ABORTED)
 
     def advance(self, num_new_tokens: int, emits_token: bool, now: float) -> bool:
-        """Apply one step's work to this request; True if it emitted its last token."""
-        self.num_computed_tokens += num_new_tokens
+        """Apply one step's work to this request (request-level batching, whose requests keep
+        their own counters); True if it emitted its last token."""
+        assert self._live is None, "a running set applies its requests' steps"
+        self._num_computed_tokens += num_new_tokens
         if not emits_token:
             return False
-        self.num_output_done += 1
+        self._num_output_done += 1
         if self.first_token_s is None:
             self.first_token_s = now
-        if self.num_output_done < self.output_tokens:
-            return False
-        self.state = RequestState.FINISHED
-        self.finish_s = now
-        return True
-
-    def advance_speculative(self, num_new_tokens: int, num_emitted: int, now: float) -> bool:
-        """Apply a verified speculative decode: `num_emitted` = 1 + accepted drafts.
-
-        `num_new_tokens` is what the step computed (1 + drafts); the rejected drafts'
-        KV rolls back, so computed ends at context + num_emitted. Tokens past the
-        scripted output are discarded, as vLLM stops at max_tokens (they still count
-        as accepted, as in vLLM's acceptance metrics). True if it finished.
-        """
-        drafts = num_new_tokens - 1
-        if not 1 <= num_emitted <= 1 + drafts:
-            raise ValueError(f"request {self.request_id}: emitted {num_emitted} tokens from "
-                             f"a step with {drafts} draft tokens (allowed 1..{1 + drafts})")
-        kept = min(num_emitted, self.output_tokens - self.num_output_done)
-        self.num_computed_tokens += kept
-        self.num_output_done += kept
-        self.spec_drafted += drafts
-        self.spec_accepted += num_emitted - 1
-        if self.first_token_s is None:  # a one-token prompt padded to 1 + k
-            self.first_token_s = now
-        if self.num_output_done < self.output_tokens:
+        if self._num_output_done < self.output_tokens:
             return False
         self.state = RequestState.FINISHED
         self.finish_s = now

@@ -326,16 +326,26 @@ class RooflineLatency:
         n, p = shape.num_decodes, self._p
         pair_flops, kv_bytes = self._attn_flops_per_pair, self._kv_bytes_per_token
         flops_per_s, bytes_per_s, layers = self._flops_per_s, self._bytes_per_s, self._attn_layers
+        # attention_s and soft_max inlined (the hot loop of a run), operation for operation
+        launch_s = p.attention_launch_s
+        compute_rate = flops_per_s * p.attention_compute_efficiency
+        memory_rate = bytes_per_s * p.attention_bandwidth_efficiency
+        sharp, root = 64.0, 1.0 / 64.0
+        head = 0 + gemms_s + small_s  # sum()'s first two additions
+        first = shape.decode_context_sum
+        attended = self._attended if self._sliding_share else None
         out = []
         for s in range(steps):
-            context = self._attended(shape.decode_context_sum + s * n, n)
-            pairs = 0.0
-            pairs += context + n  # each decode also attends to itself
-            kv_tokens = float(context + 0 + n + 0)
-            attention = layers * attention_s(pairs * pair_flops, kv_tokens * kv_bytes,
-                                             flops_per_s, bytes_per_s, p) if pairs else 0.0
-            out.append(sum((gemms_s, small_s, attention, lm_head_s, cpu_s, collectives_s))
-                       + 0.0)
+            context = first + s * n if attended is None else attended(first + s * n, n)
+            pairs = 0.0 + (context + n)  # each decode also attends to itself
+            attention = 0.0
+            if pairs:
+                a = pairs * pair_flops / compute_rate
+                b = float(context + 0 + n + 0) * kv_bytes / memory_rate
+                hi = a if a >= b else b
+                soft = 0.0 if hi <= 0 else hi * ((a / hi) ** sharp + (b / hi) ** sharp) ** root
+                attention = layers * (launch_s + soft)
+            out.append(head + attention + lm_head_s + cpu_s + collectives_s + 0.0)
         return np.array(out)
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:

@@ -89,14 +89,23 @@ class WaitClock:
 
     def on_decode_steps(self, start_s: np.ndarray, duration_s: np.ndarray,
                         kv_blocked: bool) -> None:
-        """on_step for each step of a decode run (none preempts; kv_blocked throughout)."""
-        for start, duration in zip(start_s.tolist(), duration_s.tolist(), strict=True):
-            if self.kv_step:
-                self.kv_s += self.duration_s
-            if start > self.end_s:
-                self.idle_s += start - self.end_s
-            self.start_s, self.duration_s, self.end_s = start, duration, start + duration
-            self.kv_step = kv_blocked
+        """on_step for each step of a decode run (none preempts; kv_blocked throughout).
+
+        The steps run back to back (each starts at the float its predecessor ends at),
+        so only the first can follow idle time, and the KV clock adds the durations
+        one by one (np.cumsum adds in order: the same floats as on_step's loop)."""
+        if not len(start_s):
+            return
+        first = float(start_s[0])
+        if self.kv_step:
+            self.kv_s += self.duration_s
+        if first > self.end_s:
+            self.idle_s += first - self.end_s
+        if kv_blocked and len(duration_s) > 1:
+            self.kv_s = float(np.cumsum(np.concatenate(((self.kv_s,), duration_s[:-1])))[-1])
+        start, duration = float(start_s[-1]), float(duration_s[-1])
+        self.start_s, self.duration_s, self.end_s = start, duration, start + duration
+        self.kv_step = kv_blocked
 
     def at(self, t_s: float) -> tuple[float, float]:
         """(idle, KV-blocked) readings at `t_s`, which is at or after the current step's start."""

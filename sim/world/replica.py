@@ -22,6 +22,7 @@ its replica's recorder and in the fleet's.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Callable
@@ -81,6 +82,20 @@ class _At(simpy.Event):
         heapq.heappush(env._queue, (at_s, simpy.core.NORMAL, next(env._eid), self))  # noqa: SLF001
 
 
+@dataclass(slots=True, eq=False)
+class _Running:
+    """A decode run in progress: its step starts (ends_s[s]) and ends (ends_s[s + 1], also as
+    floats in step_end_s), durations, and how many of its steps are applied and recorded."""
+
+    run: DecodeRun
+    recorders: tuple[RunRecorder, ...]
+    ends_s: np.ndarray
+    duration_s: np.ndarray
+    step_end_s: list[float]
+    finish_steps: list[int]  # the steps some finish in, not yet applied
+    applied: int = 0
+
+
 def _no_cache(_request: Request) -> int:
     return 0
 
@@ -106,6 +121,7 @@ class Replica:
     _run_arrivals: list[float] | None = field(default=None, init=False)  # during a run
     # a run's step starts and durations and how many the observer has seen, during a run
     _run_feed: list | None = field(default=None, init=False)
+    _run: _Running | None = field(default=None, init=False)  # during a decode run
     _cached: Callable[[Request], int] = field(default=_no_cache, init=False)
 
     def __post_init__(self) -> None:
@@ -127,6 +143,13 @@ class Replica:
 
     # -- the world -------------------------------------------------------------
     def submit(self, request: Request) -> None:
+        running = self._run
+        if running is not None and running.finish_steps:
+            # a run's finishers before now leave first (applied and recorded up to now): the
+            # observer and the recorders see what step by step's would
+            upto = bisect.bisect_left(running.step_end_s, self.env.now)
+            if running.finish_steps[0] < upto:
+                self._advance(upto)
         if not self.scheduler.add(request, self.env.now):
             self.recorder.record_rejected(request)
             if self.fleet_recorder is not None:
@@ -225,12 +248,15 @@ class Replica:
         """
         env = self.env
         assert self.next_arrival is not None
-        duration_s = self.latency.decode_run_s(run.shape, run.steps)
+        at_s = self.next_arrival.at_s if run.stops_at_arrival else math.inf
+        duration_s = self._price(run, at_s - env.now)
         ends_s = np.cumsum(np.concatenate(((env.now,), duration_s)))
-        steps = run.steps
+        steps = len(duration_s)
         if run.stops_at_arrival:
-            steps = min(steps, int(np.searchsorted(ends_s[1:], self.next_arrival.at_s)) + 1)
-        self._run_arrivals = arrivals = []
+            steps = min(steps, int(np.searchsorted(ends_s[1:], at_s)) + 1)
+        self._run_arrivals = []
+        self._run = _Running(run, recorders, ends_s, duration_s, ends_s[1:steps + 1].tolist(),
+                             [start - 1 for start, _ in run.segments[1:] if start <= steps])
         if self.observer is not None:
             self._run_feed = [ends_s[:steps], duration_s[:steps], run.kv_blocked, 0]
         end_s = float(ends_s[steps])
@@ -239,12 +265,67 @@ class Replica:
         if self._run_feed is not None:
             self._feed_observer(math.inf)
             self._run_feed = None
-        self._run_arrivals = None
-        self.scheduler.advance_decodes(run, steps)
-        waiting = np.full(steps, run.num_waiting, dtype=np.int64)
-        if arrivals:  # joined the queue by each step's end
-            waiting += np.searchsorted(np.array(arrivals), ends_s[1:steps + 1], side="right")
-        record_decode_run(recorders, run, ends_s[:steps], duration_s[:steps], waiting)
+        self._advance(steps)
+        self._run = self._run_arrivals = None
+
+    def _price(self, run: DecodeRun, within_s: float) -> np.ndarray:
+        """The durations of the run's steps up to the one running `within_s` from its start
+        (all of them if it ends sooner): segment by segment, a segment's steps at least
+        its first one's long (contexts only grow), so no more are priced than can run."""
+        price, step_time = self.latency.decode_run_s, self.latency.step_time
+        pieces: list[np.ndarray] = []
+        for _, steps, shape in run.segment_lengths():
+            if within_s < math.inf:
+                first_s = step_time(shape)
+                if first_s > 0:
+                    steps = min(steps, int(within_s / first_s) + 2)
+            piece = price(shape, steps)
+            pieces.append(piece)
+            within_s -= float(np.add.reduce(piece))
+            if within_s < 0:
+                break
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def _advance(self, upto: int) -> None:
+        """Apply and record the running decode run's steps before `upto` not applied yet.
+
+        Called at each arrival during the run with the steps that ended before it (a
+        step ending at the arrival's instant is not over: the arrival goes first), so
+        the scheduler, the observer and the recorders see what step by step's would
+        then, in the same order; and at the run's end with the rest."""
+        state = self._run
+        assert state is not None and self._run_arrivals is not None
+        begin = state.applied
+        if upto <= begin:
+            return
+        state.applied = upto
+        while state.finish_steps and state.finish_steps[0] < upto:
+            del state.finish_steps[0]
+        run, ends_s, duration_s = state.run, state.ends_s, state.duration_s
+        ran = self.scheduler.advance_decodes(run, begin, upto, state.step_end_s)
+        waiting = np.full(upto - begin, run.num_waiting, dtype=np.int64)
+        if self._run_arrivals:  # joined the queue by each step's end
+            waiting += np.searchsorted(np.array(self._run_arrivals), ends_s[begin + 1:upto + 1],
+                                       side="right")
+        recorders, done = state.recorders, 0
+        for segment in ran:
+            a, k = segment.start, segment.run.steps
+            if k:
+                record_decode_run(recorders, segment.run, ends_s[a:a + k], duration_s[a:a + k],
+                                  waiting[a - begin:a - begin + k])
+            finish = segment.finish
+            if finish is not None:  # the finishers' step, as record_step would record it
+                f = a + k
+                start_s, step_s = float(ends_s[f]), float(duration_s[f])
+                queued = int(waiting[f - begin])
+                for recorder in recorders:
+                    recorder.record_step(start_s, step_s, finish.plan, queued, finish.num_running,
+                                         finish.kv_blocks_used, finish.kv_slots_held)
+                    for request in finish.finished:
+                        recorder.record_finished(request)
+                done += len(finish.finished)
+        if done and self.on_done is not None:
+            self.on_done(done)
 
     def _feed_observer(self, until_s: float) -> None:
         """Show the observer the run's steps that started before `until_s` (an arrival's

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
-from sim.core.decode_run import DecodeRun
+from sim.core.decode_run import DecodeRun, RunSegment
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request
 
@@ -39,10 +40,12 @@ class Scheduler(Protocol):
         growth (sim/core/decode_run.py), else None. Reads only; the world may ignore it."""
         ...
 
-    def advance_decodes(self, run: DecodeRun, steps: int) -> None:
-        """Apply the first `steps` steps of the run decode_run() just returned, as step by step
-        would have (blocks, counters); nothing else may touch the scheduler in between but
-        add()."""
+    def advance_decodes(self, run: DecodeRun, begin: int, end: int,
+                        step_end_s: Sequence[float]) -> list[RunSegment]:
+        """Apply steps [begin, end) of the run decode_run() just returned (the first `begin`
+        applied by earlier calls), as step by step would have (blocks, counters, finishers
+        finished at their step's end, `step_end_s[s]`); returns what ran, for the
+        recorders. Nothing else may touch the scheduler during a run but add() and this."""
         ...
 
     def next_wakeup(self, now: float) -> float | None:

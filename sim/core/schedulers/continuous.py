@@ -31,20 +31,22 @@ step hits a prefix scheduled before it.
 
 The running set lives in numpy columns (running_batch.py), whose cost per
 step barely grows with the batch and is below a per-request loop's at every
-batch size. Speculation (speculation.py holds its rules) still runs a
-per-request loop over the Request objects.
+batch size; speculative decoding runs on the same columns (speculation.py
+holds its rules), with k_i drafts per sequence.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 from sim.core.batching import graph_batch_sizes, padded_batch_size
 from sim.core.contiguous import ContiguousAllocator
-from sim.core.decode_run import DecodeRun
+from sim.core.decode_run import DecodeRun, RunSegment
 from sim.core.kv import KVManager, PagedBlockManager
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
+from sim.core.schedulers.batch_runs import apply_run, describe_run
 from sim.core.schedulers.limits import LengthLimits
 from sim.core.schedulers.plan_builder import PlanBuilder
 from sim.core.schedulers.running_batch import RunningBatch
@@ -89,7 +91,6 @@ class ContinuousScheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is the next victim
         self._in_flight: dict[int, Request] = {}
-        self._batch: RunningBatch | None = None  # set while the array path owns the counters
         self.preemption = preemption
         self._swap = preemption == "swap"
         # the pool's swap and naming calls, which only the paged pool has
@@ -105,6 +106,8 @@ class ContinuousScheduler:
         self._blocked: tuple[Request, int] | None = None
         self._preempted_only = False  # the last schedule() preempted and ran nothing
         self._spec = Speculation(speculative_tokens, speculative_method, max_model_len)
+        # the running set's counters, in admission order (shares self.running)
+        self._batch = RunningBatch(self.running, kv, self._spec)
         # CUDA graphs: a decode-only step runs padded to the next captured batch size
         self._graph_sizes = graph_batch_sizes(max_num_seqs) if cuda_graphs else ()
 
@@ -158,11 +161,6 @@ class ContinuousScheduler:
     def close(self, now: float) -> None:
         """No more arrivals: nothing changes, every step already admits what waits."""
 
-    def sync_requests(self) -> None:
-        """Make running requests' `num_computed_tokens`/`num_output_done` exact (see Request)."""
-        if self._batch is not None:
-            self._batch.sync()
-
     # -- contract ------------------------------------------------------------
     def add(self, request: Request, now: float) -> bool:
         reason = self._never_fits(request)
@@ -174,22 +172,14 @@ class ContinuousScheduler:
         return True
 
     def abort(self, request_id: int, now: float) -> Request | None:
-        """Drop a waiting or running request between steps and free its KV (see Scheduler).
-
-        A running one leaves the numpy columns: the batch is synced and dropped, and
-        rebuilt by the next schedule().
-        """
+        """Drop a waiting or running request between steps and free its KV (see Scheduler)."""
         req = self._in_flight.pop(request_id, None)
         if req is None:
             return None
         if req.state is RequestState.WAITING:
             self.waiting.remove(req)
         else:
-            if self._batch is not None:
-                self._batch.sync()
-                self._batch = None
-            self.running.remove(req)
-        self._spec.forget(req)
+            self._batch.remove(req)  # and from self.running, the list it shares
         self.kv.free(request_id)  # a swapped-out request's host blocks too
         req.abort(now)
         return req
@@ -218,81 +208,30 @@ class ContinuousScheduler:
         return reserve if self.max_model_len is None else min(reserve, self.max_model_len)
 
     def schedule(self, now: float) -> StepPlan | None:
-        batch = self._batch
-        if self._spec.k:  # speculation runs on the per-request path only
-            if batch is not None:
-                batch.sync()
-                batch.pending = None
-                self._batch = None
-            return self._schedule_each(now)
-        if batch is None:
-            self._batch = RunningBatch(self.running, self.kv)
-        return self._schedule_batch(now)
-
-    def _schedule_batch(self, now: float) -> StepPlan | None:
-        """The array path: running sequences in bulk, then admissions one by one."""
+        """Running sequences in bulk (running_batch.py), then admissions one by one."""
         batch, kv = self._batch, self.kv
-        assert batch is not None
         step = PlanBuilder()
         preempted: list[int] = []
         self._blocked = None
         budget = batch.schedule_running(self.max_num_batched_tokens, kv, step, self._preempt,
                                         preempted, self._paged if self._prefix_cache else None)
         if not preempted:
-            self._admit(budget, step, now, bool(step.request_ids), False)
+            self._admit(budget, step, now, bool(step.request_ids), batch.prefill_scheduled)
         plan = batch.pending = self._build(step, preempted)
         return plan
 
-    def _schedule_each(self, now: float) -> StepPlan | None:
-        """The speculative path: Request objects hold exact counters."""
-        kv, running, spec = self.kv, self.running, self._spec
-        naming = self._paged if self._prefix_cache else None
-        slots = spec.draft_slots
-        room = self.max_num_batched_tokens  # vLLM's input budget: tokens + draft slots
-        step = PlanBuilder()
-        preempted: list[int] = []
-        prefill_scheduled = False
-
-        i = 0
-        while i < len(running) and room > slots:
-            req = running[i]
-            computed = req.num_computed_tokens
-            known = req.prompt_tokens + req.num_output_done
-            new = known - computed
-            drafts = spec.k and spec.drafts(req, new)
-            new = spec.cap(computed, min(new + drafts, room - slots))
-            table = kv.append_slots(req.request_id, spec.slots(computed + new))
-            while table is None:
-                victim = running.pop()
-                self._preempt(victim)
-                preempted.append(victim.request_id)
-                if victim is req:
-                    break
-                table = kv.append_slots(req.request_id, spec.slots(computed + new))
-            if table is None:
-                break  # the request preempted itself: everyone after it is gone too
-            if naming is not None:
-                naming.cache_computed(req.request_id, min(computed + new, known))
-            step.add(req, new, table, max(0, computed + new - known) if drafts else 0)
-            prefill_scheduled |= spec.k > 0 and spec.prefilling(req)
-            room -= new + slots
-            i += 1
-
-        if not preempted:
-            self._admit(room, step, now, bool(step.request_ids), prefill_scheduled)
-        return self._build(step, preempted)
-
     def decode_run(self, max_steps: int = 1 << 16) -> DecodeRun | None:
-        """The next steps when they are plain decodes of an unchanging running set, else None.
+        """The next steps when they are plain decodes of the running set, else None.
 
         The running set must be all plain decodes within the budget, with no swap to
         charge and no speculation, and admission must stay shut for the whole run:
-        an empty queue (the world ends the run at the next arrival), or seats or
-        budget full, or a head blocked on KV while no block frees (its need only
-        grows: each step takes blocks, evictions only cost it hits).
+        an empty queue (the world ends the run at the next arrival; finishers just
+        leave), or seats or budget full, or a head blocked on KV while no block
+        frees (its need only grows: each step takes blocks, evictions only cost it
+        hits), up to the first finisher's step.
         """
         batch, n = self._batch, len(self.running)
-        if batch is None or self._spec.k or not n or n > self.max_num_batched_tokens \
+        if self._spec.k or not n or n > self.max_num_batched_tokens \
                 or self._swap_out_pending or not batch.plain_decodes():
             return None
         waiting, blocked = self.waiting, self._blocked
@@ -301,15 +240,19 @@ class ContinuousScheduler:
         if on_kv and not (blocked is not None and blocked[0] is waiting[0]
                           and self.kv.num_free_blocks <= blocked[1]):
             return None
-        padded = padded_batch_size(n, self._graph_sizes) if self._graph_sizes else 0
-        return batch.decode_run(self.kv, self._paged is not None, padded, len(waiting), on_kv,
-                                max_steps)
+        return describe_run(batch, self.kv, self._paged is not None, self._graph_sizes,
+                            len(waiting), on_kv, max_steps)
 
-    def advance_decodes(self, run: DecodeRun, steps: int) -> None:
-        """Apply the first `steps` (1 <= steps <= run.steps) of the last decode_run()."""
-        assert self._batch is not None and 0 < steps <= run.steps
-        self._batch.advance(steps, self.kv, self._paged if self._prefix_cache else None)
+    def advance_decodes(self, run: DecodeRun, begin: int, end: int,
+                        step_end_s: Sequence[float]) -> list[RunSegment]:
+        """Apply steps [begin, end) (0 <= begin < end <= run.steps) of the last decode_run(),
+        those before `begin` applied already; step s ended at `step_end_s[s]` (its
+        finishers' finish time)."""
+        assert 0 <= begin < end <= run.steps
         self.kv_blocked = run.kv_blocked
+        return apply_run(self._batch, run, begin, end, step_end_s, self.kv,
+                         self._paged is not None, self._paged if self._prefix_cache else None,
+                         self._in_flight)
 
     def _build(self, step: PlanBuilder, preempted: list[int]) -> StepPlan | None:
         self._preempted_only = not step.request_ids and bool(preempted)
@@ -385,9 +328,8 @@ class ContinuousScheduler:
             if req.first_scheduled_s is None:
                 req.first_scheduled_s = now
             table = kv.block_table(req.request_id)
-            if batch is not None:
-                batch.admitted(req, table, new)
             step.add(req, new, table, drafts)
+            batch.admitted(req, table, new, drafts)
             room -= new + slots
 
     def _preempt(self, req: Request) -> None:
@@ -395,7 +337,6 @@ class ContinuousScheduler:
         req.num_preemptions += 1
         req.state = RequestState.WAITING
         self.waiting.appendleft(req)
-        self._spec.forget(req)
         # with no one else running nothing will free blocks for a swap-in (a lone request
         # whose drafts outgrow the pool): recompute, as vLLM does
         if self._swap and self._paged is not None and self.running:
@@ -409,25 +350,4 @@ class ContinuousScheduler:
         req.num_computed_tokens = 0
 
     def on_step_done(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
-        batch = self._batch
-        if batch is not None:
-            if plan is batch.pending:
-                return batch.apply(now, self.kv, self._in_flight)
-            batch.sync()  # not the plan just scheduled: apply it the per-request way
-            batch.pending = None
-            self._batch = None
-        in_flight = self._in_flight
-        finished: list[Request] = []
-        if plan.num_spec_tokens or result.num_emitted or self._spec.k:
-            done = self._spec.apply(plan, result, now, in_flight)
-        else:
-            done = (in_flight[rid] for rid, new, emits in zip(
-                plan.request_ids, plan.num_new_tokens, plan.emits_token, strict=True)
-                if in_flight[rid].advance(new, emits, now))
-        for req in done:
-            self.kv.free(req.request_id)
-            del in_flight[req.request_id]
-            finished.append(req)
-        if finished:
-            self.running[:] = [r for r in self.running if r.state is RequestState.RUNNING]
-        return finished
+        return self._batch.apply(plan, result, now, self.kv, self._in_flight)

@@ -1,10 +1,9 @@
 """Accumulates one step's plan columns and its shape, sequence by sequence or in bulk.
 
 The running set (running_batch.py) fills whole columns from numpy at once and
-then adds the few newly admitted requests one at a time; the speculative loop
-adds one sequence at a time.
+then adds the few newly admitted requests one at a time.
 
-Speculative decodes (`spec` > 0 in add(), the speculative loop only) get a
+Speculative decodes (k_i > 0: `spec` in add(), or the running set's column) get a
 `num_spec_tokens` column, created on the first one so that steps without
 speculation build exactly the plans they always did.
 """

@@ -4,15 +4,20 @@ Why: at batch sizes in the hundreds, per-sequence Python work in schedule() and
 on_step_done() dominated the simulator (~2.7 us per sequence per step). Here a
 step is a fixed number of numpy operations whatever the batch size; Python
 touches only the sequences that need a new KV block (about one in block_size),
-emit their first token, finish, are preempted or are newly admitted.
+emit their first token, finish, are preempted or are newly admitted. It is the
+only running set: speculative decoding is columns too (k_i per sequence, the
+drafted and accepted counts, whether a sequence is still prefilling).
 
-While a request is in the batch its `num_computed_tokens` and `num_output_done`
-live here and the Request's own copies are stale; `sync()` writes them back,
-and every request is synced as it leaves (finished or preempted).
+A running request's progress (computed and emitted tokens, speculation counts)
+lives in these columns: its Request reads and writes them here while it runs
+(`Request._live`, sim.core.request.LiveCounters) and takes them back when it
+leaves the set (finished, preempted, aborted), so a Request is exact at any time
+and no step writes one.
 
-After every applied step a running table holds exactly ceil(computed / block
-size) blocks (blocks are only ever added to cover the tokens a step computes),
-so a plain decode needs a block exactly when computed is a multiple of it.
+Without speculation, after every applied step a running table holds exactly
+ceil(computed / block size) blocks (blocks are only ever added to cover the
+tokens a step computes), so a plain decode needs a block exactly when computed
+is a multiple of it. Speculation's rolled-back drafts may leave more blocks.
 """
 
 from __future__ import annotations
@@ -21,32 +26,39 @@ from collections.abc import Callable
 
 import numpy as np
 
-from sim.core.decode_run import DecodeRun
 from sim.core.kv import KVManager, PagedBlockManager
-from sim.core.plan import StepPlan, StepShape
+from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
 from sim.core.schedulers.plan_builder import PlanBuilder
+from sim.core.schedulers.speculation import Speculation, emitted_each
 
-# rows of RunningBatch.state
-COMPUTED, KNOWN, DONE, TARGET = range(4)
+# rows of RunningBatch.state; PREFILLING: 1 when the last step left it mid-prompt (no drafts)
+COMPUTED, KNOWN, DONE, TARGET, DRAFTED, ACCEPTED, PREFILLING = range(7)
+# the Request counters the columns hold while it runs
+COUNTERS = {"num_computed_tokens": COMPUTED, "num_output_done": DONE,
+            "spec_drafted": DRAFTED, "spec_accepted": ACCEPTED}
 
 
 class RunningBatch:
-    """Per-sequence counters in one (4, capacity) int64 array, aligned with Python lists."""
+    """Per-sequence counters in one (7, capacity) int64 array, aligned with Python lists."""
 
-    __slots__ = ("reqs", "rids", "tables", "state", "block_size", "pending", "_count", "_new",
-                 "_emits", "_first_rows", "_admitted", "_covers_all", "_all_decode",
-                 "_run_rows")
+    __slots__ = ("reqs", "rids", "tables", "state", "block_size", "spec", "pending",
+                 "prefill_scheduled", "_count", "_new", "_emits", "_first_rows", "_admitted",
+                 "_covers_all", "_all_decode")
 
-    def __init__(self, running: list[Request], kv: KVManager) -> None:
+    def __init__(self, running: list[Request], kv: KVManager, spec: Speculation) -> None:
         self.reqs = running  # the scheduler's list, shared: admission order, last = next victim
         self.rids = [r.request_id for r in running]
         self.tables = [kv.block_table(rid) for rid in self.rids]
         self.block_size = kv.block_size
-        self.state = np.zeros((4, max(16, 2 * len(running))), dtype=np.int64)
+        self.spec = spec  # the scheduler's: k may change between steps
+        self.state = np.zeros((7, max(16, 2 * len(running))), dtype=np.int64)
         for i, r in enumerate(running):
             self.state[:, i] = (r.num_computed_tokens, r.prompt_tokens + r.num_output_done,
-                                r.num_output_done, r.output_tokens)
+                                r.num_output_done, r.output_tokens, r.spec_drafted,
+                                r.spec_accepted, 0)
+            r._live = self  # noqa: SLF001 - the counters now live here
+        self.prefill_scheduled = False  # a scheduled running sequence is mid-prompt (pads())
         self.pending: StepPlan | None = None  # the plan on_step_done may apply with apply()
         # the step being scheduled/applied: rows [0, _count) in bulk (_new is None when
         # every one is a plain decode), then the _admitted rows one by one
@@ -58,29 +70,40 @@ class RunningBatch:
         # a plan that covers every row and makes each emit leaves only plain decodes
         self._covers_all = False
         self._all_decode = False  # true between apply() of such a plan and the next schedule
-        self._run_rows: list[tuple[list[int], list[int]]] = []  # decode_run(): per phase
 
-    def sync(self) -> None:
-        """Write the live counters back into the Request objects."""
-        n = len(self.reqs)
-        computed = self.state[COMPUTED, :n].tolist()
-        done = self.state[DONE, :n].tolist()
-        for req, c, d in zip(self.reqs, computed, done, strict=True):
-            req.num_computed_tokens = c
-            req.num_output_done = d
+    # -- a running Request's counters (sim.core.request.LiveCounters) ----------------
+    def counter(self, request: Request, name: str) -> int:
+        return int(self.state[COUNTERS[name], self.reqs.index(request)])
 
-    def admitted(self, req: Request, table: tuple[int, ...], new: int) -> None:
-        """Give a request just appended to the shared list (exact counters) its columns."""
+    def set_counter(self, request: Request, name: str, value: int) -> None:
+        row = self.reqs.index(request)
+        if name == "num_output_done":
+            self.state[KNOWN, row] = request.prompt_tokens + value
+        self.state[COUNTERS[name], row] = value
+
+    def _write_back(self, req: Request, row: int) -> None:
+        """Hand a leaving request its counters: its own again from now on."""
+        computed, _, done, _, drafted, accepted, _ = self.state[:, row].tolist()
+        req._live = None  # noqa: SLF001
+        req.num_computed_tokens = computed
+        req.num_output_done = done
+        req.spec_drafted = drafted
+        req.spec_accepted = accepted
+
+    def admitted(self, req: Request, table: tuple[int, ...], new: int, drafts: int = 0) -> None:
+        """Give a request just appended to the shared list (exact counters) its columns;
+        `drafts` of its `new` tokens are drafts (a padded admission)."""
         row = len(self.reqs) - 1
         assert self.reqs[row] is req
         if row == self.state.shape[1]:
             self.state = np.concatenate((self.state, np.zeros_like(self.state)), axis=1)
         known = req.prompt_tokens + req.num_output_done
         self.state[:, row] = (req.num_computed_tokens, known, req.num_output_done,
-                              req.output_tokens)
+                              req.output_tokens, req.spec_drafted, req.spec_accepted, 0)
         self.rids.append(req.request_id)
         self.tables.append(table)
-        self._admitted.append((row, new, req.num_computed_tokens + new == known))
+        self._admitted.append((row, new, req.num_computed_tokens + new - drafts == known))
+        req._live = self  # noqa: SLF001 - the counters now live here
 
     def _pop_tail(self) -> Request:
         """Remove the most recently admitted request, synced, for preemption."""
@@ -88,60 +111,88 @@ class RunningBatch:
         req = self.reqs.pop()
         self.rids.pop()
         self.tables.pop()
-        req.num_computed_tokens = int(self.state[COMPUTED, row])  # swap keeps them
-        req.num_output_done = int(self.state[DONE, row])
+        self._write_back(req, row)  # swap keeps the counters
         return req
+
+    def remove(self, req: Request) -> None:
+        """Take a running request out between steps (an abort), synced."""
+        row = self.reqs.index(req)
+        self._write_back(req, row)
+        n = len(self.reqs)
+        del self.reqs[row], self.rids[row], self.tables[row]
+        self.state[:, row:n - 1] = self.state[:, row + 1:n]
 
     def schedule_running(self, budget: int, kv: KVManager, step: PlanBuilder,
                          preempt: Callable[[Request], None], preempted: list[int],
                          naming: PagedBlockManager | None = None) -> int:
         """Give running sequences their tokens in admission order; returns the budget left.
 
-        vLLM's rule: each catches up to its known tokens while
-        budget lasts; a table that cannot grow preempts from the tail (`preempt`).
-        `naming` (a prefix-caching pool) names the blocks this step fills, before
-        any admission: a running table has its first computed // block_size blocks
-        named, so only the rows that cross a block boundary need the call.
+        vLLM's rule: each catches up to its known tokens (a decode plus its k drafts,
+        capped by max_model_len, when speculating) while budget lasts, each also
+        costing the method's draft slots; a table that cannot grow preempts from the
+        tail (`preempt`). `naming` (a prefix-caching pool) names the blocks this step
+        fills, before any admission: a running table has its first computed //
+        block_size blocks named, so only the rows that cross a block boundary need
+        the call (drafts are never named).
         """
         self._admitted = []
+        self.prefill_scheduled = False
         all_decode, self._all_decode = self._all_decode, False
         n = len(self.reqs)
         self._first_rows = []
         if n == 0:
             self._count, self._new, self._covers_all = 0, None, True
             return budget
-        if all_decode and n <= budget:
+        spec = self.spec
+        k = spec.k
+        if all_decode and n <= budget and not k:
             return self._schedule_decodes(n, budget, kv, step, preempt, preempted, naming)
         state = self.state
         computed = state[COMPUTED, :n]
         remaining = state[KNOWN, :n] - computed  # >= 1 for every running sequence
-        ends = np.cumsum(remaining)
+        slots = 0
+        if k:
+            drafts = spec.drafts_each(remaining, state[DONE, :n], state[PREFILLING, :n])
+            want = spec.cap_each(computed, remaining + drafts)
+            slots = spec.draft_slots
+            ends = np.cumsum(want + slots if slots else want)
+        else:
+            want = remaining
+            ends = np.cumsum(remaining)
         total = int(ends[-1])
         if total <= budget:
-            new, count, left = remaining, n, budget - total
+            new, count, left = want, n, budget - total
         else:
             count = int(np.searchsorted(ends, budget, side="right"))  # those that fit whole
             before = int(ends[count - 1]) if count else 0
-            if before < budget:  # the next one gets a chunk
-                new = remaining[:count + 1].copy()
-                new[count] = budget - before
+            if budget - before > slots:  # the next one gets a chunk
+                new = want[:count + 1].copy()
+                new[count] = budget - before - slots
                 count += 1
             else:
-                new = remaining[:count]
+                new = want[:count]
             left = 0
         computed = computed[:count]
         target = computed + new
+        slot_target = spec.slots_each(target) if k else target
         bs = self.block_size
-        grow = (-(-target // bs) > -(-computed // bs)).nonzero()[0]  # a superset is harmless
+        # a superset of the rows whose table must grow is harmless (append_slots: no-op)
+        grow = (-(-slot_target // bs) > -(-computed // bs)).nonzero()[0]
         if grow.size:
-            count = min(count, self._grow_tables(grow.tolist(), target[grow].tolist(), kv,
+            count = min(count, self._grow_tables(grow.tolist(), slot_target[grow].tolist(), kv,
                                                  preempt, preempted))
-        computed, new = computed[:count], new[:count]
+        computed, new, remaining = computed[:count], new[:count], remaining[:count]
         if naming is not None:
             ends = computed + new
+            if k:
+                ends = np.minimum(ends, remaining + computed)
             for i in (ends // bs > computed // bs).nonzero()[0].tolist():
                 naming.cache_computed(self.rids[i], int(ends[i]))
-        self._fill(step, count, computed, new, remaining[:count])
+        spec_tokens = None
+        if k:
+            spec_tokens = np.where(drafts[:count] > 0, np.maximum(new - remaining, 0), 0)
+            self.prefill_scheduled = bool(state[PREFILLING, :count].any())
+        self._fill(step, count, computed, new, remaining, spec_tokens)
         return left
 
     def _schedule_decodes(self, n: int, budget: int, kv: KVManager, step: PlanBuilder,
@@ -203,10 +254,12 @@ class RunningBatch:
         return len(rids)
 
     def _fill(self, step: PlanBuilder, count: int, computed: np.ndarray, new: np.ndarray,
-              remaining: np.ndarray) -> None:
-        """Write the running sequences' columns and shape terms into the step."""
-        decode = (remaining == 1) & (self.state[DONE, :count] > 0)
-        emits = new == remaining
+              remaining: np.ndarray, spec: np.ndarray | None) -> None:
+        """Write the running sequences' columns and shape terms into the step; `spec`: the
+        draft tokens among each one's `new` (speculation on)."""
+        own = new if spec is None else new - spec  # the tokens it computes for itself
+        decode = (remaining == 1) & (self.state[DONE, :count] > 0)  # then own == 1 too
+        emits = own == remaining
         num_decodes = int(np.count_nonzero(decode))
         step.request_ids = self.rids[:count]
         step.num_new = new.tolist()
@@ -218,6 +271,13 @@ class RunningBatch:
             step.num_decodes = num_decodes
             step.decode_sum = int(np.add.reduce(contexts))
             step.decode_max = int(np.maximum.reduce(contexts))
+        if spec is not None and spec.any():
+            drafting = spec > 0
+            step.spec = spec.tolist()
+            step.num_spec_decodes = int(np.count_nonzero(drafting))
+            step.spec_tokens = int(np.add.reduce(spec))
+            step.spec_depth = int(np.maximum.reduce(spec))
+            step.spec_context_sum = int(np.add.reduce(computed[drafting]))
         if num_decodes == count:
             step.prefills = [False] * count
         else:
@@ -229,9 +289,21 @@ class RunningBatch:
         self._count, self._new, self._emits = count, new, emits
         self._covers_all = count == len(self.reqs) and False not in step.emits
 
-    def apply(self, now: float, kv: KVManager,
+    def apply(self, plan: StepPlan, result: StepResult, now: float, kv: KVManager,
               in_flight: dict[int, Request]) -> list[Request]:
-        """Apply the pending plan: advance counters, stamp first tokens, retire finished."""
+        """Apply a step: advance counters, stamp first tokens, retire the finished.
+
+        The pending plan without speculation (the hot path) is applied from what
+        schedule_running kept; a speculative step, or any other plan (an older one,
+        by request id), column by column in _apply_each.
+        """
+        if plan is not self.pending:
+            row_of = {rid: i for i, rid in enumerate(self.rids)}
+            return self._apply_each(plan, [row_of[rid] for rid in plan.request_ids], result,
+                                    now, kv, in_flight)
+        if plan.num_spec_tokens or result.num_emitted or self.spec.k:
+            rows = list(range(self._count)) + [row for row, _, _ in self._admitted]
+            return self._apply_each(plan, rows, result, now, kv, in_flight)
         state, reqs, count = self.state, self.reqs, self._count
         if self._new is None:
             state[COMPUTED:DONE + 1, :count] += 1  # plain decodes: one token in, one out
@@ -260,9 +332,43 @@ class RunningBatch:
         finished = (state[DONE, :rows] == state[TARGET, :rows]).nonzero()[0]
         if not finished.size:
             return []
-        return self._retire(finished.tolist(), now, kv, in_flight)
+        return self.retire(finished.tolist(), now, kv, in_flight)
 
-    def _retire(self, rows: list[int], now: float, kv: KVManager,
+    def _apply_each(self, plan: StepPlan, rows: list[int], result: StepResult, now: float,
+                    kv: KVManager, in_flight: dict[int, Request]) -> list[Request]:
+        """Apply `plan`, whose sequences are these rows (ascending): a drafting sequence
+        emitted 1 + a_i tokens (`result`), of which it keeps what its scripted output has
+        room for, and its rejected drafts roll back (computed = context + kept); every
+        other one computed its new tokens and emitted at most one. Each sequence in the
+        plan learns whether it is still prefilling (it did not emit)."""
+        counts = emitted_each(plan, result)
+        state = self.state
+        new = np.array(plan.num_new_tokens, dtype=np.int64)
+        emits = counts > 0
+        drafting = np.array(plan.num_spec_tokens or (0,) * len(rows), dtype=np.int64) > 0
+        idx: slice | list[int] = slice(0, len(rows)) if rows == list(range(len(rows))) else rows
+        done = state[DONE, idx]
+        first = (emits & (done == 0)).nonzero()[0].tolist()  # before done moves (a view)
+        kept = np.minimum(counts, state[TARGET, idx] - done)
+        out = np.where(drafting, kept, emits)
+        state[COMPUTED, idx] += np.where(drafting, kept, new)
+        state[KNOWN, idx] += out
+        state[DONE, idx] += out
+        state[DRAFTED, idx] += np.where(drafting, new - 1, 0)
+        state[ACCEPTED, idx] += np.where(drafting, counts - 1, 0)
+        state[PREFILLING, idx] = ~emits
+        reqs = self.reqs
+        for j in first:
+            reqs[rows[j]].first_token_s = now
+        self._all_decode = False
+        if plan is self.pending:
+            self.pending = None
+        finished = (state[DONE, idx] == state[TARGET, idx]).nonzero()[0]
+        if not finished.size:
+            return []
+        return self.retire([rows[j] for j in finished.tolist()], now, kv, in_flight)
+
+    def retire(self, rows: list[int], now: float, kv: KVManager,
                 in_flight: dict[int, Request]) -> list[Request]:
         """Finish these rows in plan order (block frees are ordered), then compact."""
         state, reqs = self.state, self.reqs
@@ -270,8 +376,7 @@ class RunningBatch:
         finished: list[Request] = []
         for i in rows:
             req = reqs[i]
-            req.num_computed_tokens = int(state[COMPUTED, i])
-            req.num_output_done = req.output_tokens
+            self._write_back(req, i)
             req.state = RequestState.FINISHED
             req.finish_s = now
             kv.free(req.request_id)
@@ -289,76 +394,7 @@ class RunningBatch:
             state[:, :n - len(rows)] = state[:, :n][:, keep]
         return finished
 
-    # -- runs of plain decodes (sim.core.decode_run) ------------------------------------
+    # -- runs of plain decodes: batch_runs.py ----------------------------------------------
     def plain_decodes(self) -> bool:
         """Every running sequence's next step is one plain decode (apply() just saw to it)."""
         return self._all_decode and self.pending is None
-
-    def decode_run(self, kv: KVManager, paged: bool, padded_batch: int, num_waiting: int,
-                   kv_blocked: bool, max_steps: int) -> DecodeRun | None:
-        """The next plain-decode steps before anyone finishes or the pool runs short.
-
-        Step s (from 0) gives row i a block when its context c_i + s is a multiple
-        of the block size, i.e. when s = (-c_i) mod block size: its phase. The rows
-        of one phase, in row order, are what _schedule_decodes would grow that step.
-        """
-        n = len(self.reqs)
-        state = self.state
-        computed = state[COMPUTED, :n]
-        steps = min(int(np.minimum.reduce(state[TARGET, :n] - state[DONE, :n])) - 1, max_steps)
-        if steps < 2:
-            return None
-        bs = self.block_size
-        phase = (-computed) % bs
-        per_phase = np.bincount(phase, minlength=bs)
-        used = np.full(steps, kv.num_used_blocks, dtype=np.int64)
-        if paged:
-            taken = np.cumsum(per_phase[np.arange(steps) % bs])
-            fits = int(np.searchsorted(taken, kv.num_free_blocks, side="right"))
-            if fits < steps:
-                steps = fits
-                if steps < 2:
-                    return None
-                taken, used = taken[:steps], used[:steps]
-            used += taken
-        order = np.argsort(phase, kind="stable").tolist()
-        rids, rows, start = self.rids, [], 0
-        for count in per_phase.tolist():
-            members = order[start:start + count]
-            rows.append((members, [rids[i] for i in members]))
-            start += count
-        self._run_rows = rows
-        shape = StepShape((), (), n, int(np.add.reduce(computed)),
-                          int(np.maximum.reduce(computed)), max(padded_batch, n))
-        return DecodeRun(steps, shape, used, num_waiting, not num_waiting, bs, kv_blocked)
-
-    def advance(self, steps: int, kv: KVManager, naming: PagedBlockManager | None) -> None:
-        """Apply the first `steps` steps of the last decode_run(): the same block calls in the
-        same order as step by step (each step's new blocks, then the blocks it filled named)."""
-        rows, tables, bs = self._run_rows, self.tables, self.block_size
-        n = len(self.reqs)
-        if naming is None:  # nothing between two steps' blocks: take them all in one call
-            order = [rid for s in range(steps) for rid in rows[s % bs][1]]
-            if order:
-                grown = kv.append_block_each(order)
-                assert grown is not None, "a decode run took more blocks than were free"
-                table_of = kv.block_table
-                for members, rids in rows[:steps]:
-                    for i, rid in zip(members, rids, strict=True):
-                        tables[i] = table_of(rid)
-            self.state[COMPUTED:DONE + 1, :n] += steps
-            self._run_rows = []
-            return
-        computed = self.state[COMPUTED, :n].tolist()
-        for s in range(steps):
-            members, rids = rows[s % bs]
-            if members:
-                grown = kv.append_block_each(rids)
-                assert grown is not None, "a decode run took more blocks than were free"
-                for i, table in zip(members, grown, strict=True):
-                    tables[i] = table
-            members, rids = rows[(s + 1) % bs]
-            for i, rid in zip(members, rids, strict=True):
-                naming.cache_computed(rid, computed[i] + s + 1)
-        self.state[COMPUTED:DONE + 1, :n] += steps
-        self._run_rows = []

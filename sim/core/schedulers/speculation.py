@@ -19,28 +19,27 @@ so this module:
 - After the step each drafting sequence emitted 1 + a_i tokens (the world's
   verifier says a_i); the rejected drafts roll back (computed = context + 1 + a_i).
 
-Speculation runs on a per-request loop (ContinuousScheduler._schedule_each);
-with k = 0 nothing here applies.
+The running set applies these rules to whole numpy columns (running_batch.py:
+k_i per sequence, and which sequences are still prefilling, i.e. did not emit
+in their last step); with k = 0 nothing here applies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import numpy as np
 
 from sim.core.plan import StepPlan, StepResult
-from sim.core.request import Request
 
 SPECULATIVE_METHODS = ("ngram", "draft_model")
 
 
 class Speculation:
-    """k and the method, plus which running requests are still prefilling (they never draft)."""
+    """k and the method, and the rules they set, for one sequence or a column of them."""
 
-    __slots__ = ("_k", "_method", "max_model_len", "_prefilling")
+    __slots__ = ("_k", "_method", "max_model_len")
 
     def __init__(self, k: int, method: str, max_model_len: int | None) -> None:
         self.max_model_len = max_model_len
-        self._prefilling: set[int] = set()
         self.k = k
         self.method = method
 
@@ -77,20 +76,25 @@ class Speculation:
         num_tokens += self._k
         return num_tokens if self.max_model_len is None else min(num_tokens, self.max_model_len)
 
-    def drafts(self, req: Request, new: int) -> int:
-        """Drafts a running request adds to its `new` tokens: k when it decodes, else 0."""
-        if new == 1 and req.num_output_done and req.request_id not in self._prefilling:
-            return self._k
-        return 0
+    def slots_each(self, num_tokens: np.ndarray) -> np.ndarray:
+        """slots() of a column."""
+        if not self._k or self._method != "draft_model":
+            return num_tokens
+        num_tokens = num_tokens + self._k
+        return num_tokens if self.max_model_len is None else np.minimum(num_tokens,
+                                                                        self.max_model_len)
 
-    def prefilling(self, req: Request) -> bool:
-        return req.request_id in self._prefilling
+    def drafts_each(self, remaining: np.ndarray, done: np.ndarray,
+                    prefilling: np.ndarray) -> np.ndarray:
+        """Drafts each running sequence adds to its `remaining` tokens: k when it decodes
+        (one token left, some output emitted, not still prefilling), else 0."""
+        return np.where((remaining == 1) & (done > 0) & (prefilling == 0), self._k, 0)
 
-    def cap(self, computed: int, new: int) -> int:
-        """No position past max_model_len - 1 (only drafts can reach it)."""
+    def cap_each(self, computed: np.ndarray, new: np.ndarray) -> np.ndarray:
+        """cap() of a column."""
         if self.max_model_len is None or not self._k:
             return new
-        return min(new, self.max_model_len - computed - 1)
+        return np.minimum(new, self.max_model_len - computed - 1)
 
     def pads(self, computed: int, running_scheduled: bool, prefill_scheduled: bool) -> bool:
         """Whether an admission with one token left is padded to 1 + k."""
@@ -98,39 +102,31 @@ class Speculation:
                 and (self.max_model_len is None
                      or computed + 2 + self._k <= self.max_model_len))
 
-    def forget(self, req: Request) -> None:
-        """A preempted request drops its drafts; its next admission decides afresh."""
-        self._prefilling.discard(req.request_id)
 
-    def apply(self, plan: StepPlan, result: StepResult, now: float,
-              in_flight: dict[int, Request]) -> Iterator[Request]:
-        """Apply a step: each emitting sequence emitted result.num_emitted[j]; yields the finished.
+def emitted_each(plan: StepPlan, result: StepResult) -> np.ndarray:
+    """Tokens each sequence of `plan` emitted (0 for those that did not emit), checked.
 
-        Also learns which sequences are still prefilling (those that did not emit).
-        """
-        emitted = result.num_emitted
-        if emitted and len(emitted) != plan.num_emitting:
+    A sequence with k_i drafts emits 1..1 + (its new tokens - 1); one without, 1.
+    """
+    emits = np.array(plan.emits_token, dtype=bool)
+    counts = emits.astype(np.int64)
+    emitted = result.num_emitted
+    if emitted:
+        if len(emitted) != plan.num_emitting:
             raise ValueError(f"StepResult.num_emitted has {len(emitted)} entries for "
                              f"{plan.num_emitting} emitting sequences")
-        spec = plan.num_spec_tokens or (0,) * plan.batch_size
-        prefilling, j = self._prefilling, 0
-        for rid, new, emits, k in zip(plan.request_ids, plan.num_new_tokens, plan.emits_token,
-                                      spec, strict=True):
-            req = in_flight[rid]
-            count = 1
-            if emits:
-                prefilling.discard(rid)
-                if emitted:
-                    count = emitted[j]
-                    j += 1
-            else:
-                prefilling.add(rid)
-            if k:
-                done = req.advance_speculative(new, count, now)
-            elif count != 1:
-                raise ValueError(f"request {rid}: emitted {count} tokens from a step with no "
-                                 "draft tokens")
-            else:
-                done = req.advance(new, emits, now)
-            if done:
-                yield req
+        counts[emits] = emitted
+    spec = np.array(plan.num_spec_tokens or (0,) * plan.batch_size, dtype=np.int64)
+    new = np.array(plan.num_new_tokens, dtype=np.int64)
+    drafts = new - 1
+    bad = (emits & ((spec > 0) & ((counts < 1) | (counts > new))
+                    | (spec == 0) & (counts != 1))).nonzero()[0]
+    if bad.size:
+        i = int(bad[0])
+        rid, count = plan.request_ids[i], int(counts[i])
+        if not spec[i]:
+            raise ValueError(f"request {rid}: emitted {count} tokens from a step with no "
+                             "draft tokens")
+        raise ValueError(f"request {rid}: emitted {count} tokens from a step with "
+                         f"{drafts[i]} draft tokens (allowed 1..{1 + drafts[i]})")
+    return counts

@@ -11,10 +11,11 @@ it until the batch ends, as servers before paging did.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import ClassVar
 
 from sim.core.contiguous import ContiguousAllocator
-from sim.core.decode_run import DecodeRun
+from sim.core.decode_run import DecodeRun, RunSegment
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
 from sim.core.schedulers.limits import LengthLimits
@@ -163,5 +164,6 @@ class StaticScheduler:
         """None: a request-level batch runs step by step (its members finish along the way)."""
         return None
 
-    def advance_decodes(self, run: DecodeRun, steps: int) -> None:
+    def advance_decodes(self, run: DecodeRun, begin: int, end: int,
+                        step_end_s: Sequence[float]) -> list[RunSegment]:
         raise ValueError("static batching describes no decode runs")

@@ -1,0 +1,162 @@
+"""Runs of plain decode steps over the running set's columns (sim.core.decode_run).
+
+describe_run() says what the next steps are when they are plain decodes of the
+running set (RunningBatch.plain_decodes), with the segments finishers cut them
+into; apply_run() applies steps of it as step by step would have: the same
+blocks taken in the same order (prefix names included), the finishers retired
+in plan order at their step's end.
+
+Step s (from 0) gives row i a block when its context c_i + s is a multiple of the
+block size, i.e. when s = (-c_i) mod block size: its phase, from its first step to
+the step it finishes in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from sim.core.batching import padded_batch_size
+from sim.core.decode_run import DecodeRun, FinishStep, RunSegment, decode_shape
+from sim.core.kv import KVManager, PagedBlockManager
+from sim.core.plan import StepPlan, StepShape
+from sim.core.request import Request
+from sim.core.schedulers.running_batch import COMPUTED, DONE, TARGET, RunningBatch
+
+
+def describe_run(batch: RunningBatch, kv: KVManager, paged: bool,
+                 graph_sizes: tuple[int, ...], num_waiting: int, kv_blocked: bool,
+                 max_steps: int) -> DecodeRun | None:
+    """The next plain-decode steps: across finishes while nobody waits, else up to the first
+    finisher's step; cut where the free pool (frees aside) cannot cover the blocks."""
+    n = len(batch.reqs)
+    state = batch.state
+    computed = state[COMPUTED, :n]
+    finish = state[TARGET, :n] - state[DONE, :n] - 1  # the step each one finishes in
+    last = int(np.minimum.reduce(finish)) if num_waiting else int(np.maximum.reduce(finish))
+    steps = min(last + 1, max_steps)
+    if steps < 2:
+        return None
+    bs = batch.block_size
+    phase = (-computed) % bs
+    used = np.full(steps, kv.num_used_blocks, dtype=np.int64)
+    gone = (finish < steps - 1).nonzero()[0].tolist()  # finish before the last step
+    if paged:
+        taken = np.bincount(phase, minlength=bs)[np.arange(steps) % bs]
+        if gone:
+            for f, ph in zip(finish[gone].tolist(), phase[gone].tolist(), strict=True):
+                taken[f + 1 + (ph - f - 1) % bs::bs] -= 1  # the block steps after it left
+        taken = np.cumsum(taken)
+        fits = int(np.searchsorted(taken, kv.num_free_blocks, side="right"))
+        if fits < steps:
+            steps = fits
+            if steps < 2:
+                return None
+            taken, used = taken[:steps], used[:steps]
+        used += taken
+    segments = [(0, _shape(n, int(np.add.reduce(computed)),
+                                int(np.maximum.reduce(computed)), graph_sizes))]
+    if gone:  # the rows left after each finishers' step: a suffix in finish order
+        by_finish = np.argsort(finish, kind="stable")
+        ends = finish[by_finish]
+        contexts = computed[by_finish]
+        suffix_sum = np.cumsum(contexts[::-1])[::-1].tolist()
+        suffix_max = np.maximum.accumulate(contexts[::-1])[::-1].tolist()
+        ends_at = np.unique(ends[ends < steps - 1])
+        for f, left in zip(ends_at.tolist(),
+                           np.searchsorted(ends, ends_at, side="right").tolist(), strict=True):
+            m, s = n - left, f + 1
+            segments.append((s, _shape(m, suffix_sum[left] + s * m,
+                                            suffix_max[left] + s, graph_sizes)))
+    return DecodeRun(steps, segments[0][1], used, num_waiting, not num_waiting, bs,
+                     kv_blocked, tuple(segments))
+
+def _shape(n: int, context_sum: int, context_max: int, graph_sizes: tuple[int, ...]) -> StepShape:
+    """A plain-decode step's shape: n decodes with these contexts (padded for graphs)."""
+    padded = padded_batch_size(n, graph_sizes) if graph_sizes else 0
+    return StepShape((), (), n, context_sum, context_max, max(padded, n))
+
+def apply_run(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
+          step_end_s: Sequence[float], kv: KVManager, paged: bool,
+          naming: PagedBlockManager | None,
+          in_flight: dict[int, Request]) -> list[RunSegment]:
+    """Apply steps [begin, end) of `run` (the steps before `begin` applied already):
+    segment by segment, the same block calls in the same order as step by step (each
+    step's new blocks, then the blocks it filled named), then the finishers of a
+    segment's last step retired (their blocks freed) at its end, `step_end_s[s]`."""
+    out: list[RunSegment] = []
+    for start, length, shape in run.segment_lengths():
+        first, stop = max(start, begin), min(start + length, end)
+        if first >= stop:
+            continue
+        k = stop - first
+        if first > start:
+            shape = decode_shape(shape, first - start)
+        used = _take_blocks(batch, k, kv, paged, naming)
+        n = len(batch.reqs)
+        state = batch.state
+        state[COMPUTED:DONE + 1, :n] += k
+        done = (state[DONE, :n] == state[TARGET, :n]).nonzero()[0]
+        if not done.size:
+            out.append(RunSegment(first, _part(run, k, shape, used), None))
+            continue
+        plan = StepPlan(tuple(batch.rids), (1,) * n, tuple((state[COMPUTED, :n] - 1).tolist()),
+                        tuple(batch.tables), (False,) * n, (True,) * n,
+                        decode_shape(shape, k - 1))
+        held = int(used[-1]) * batch.block_size
+        finished = batch.retire(done.tolist(), step_end_s[stop - 1], kv, in_flight)
+        out.append(RunSegment(first, _part(run, k - 1, shape, used[:k - 1]),
+                              FinishStep(plan, finished, kv.num_used_blocks, held,
+                                         len(batch.reqs))))
+    return out
+
+def _take_blocks(batch: RunningBatch, steps: int, kv: KVManager, paged: bool,
+             naming: PagedBlockManager | None) -> np.ndarray:
+    """Give the rows their blocks for the next `steps` plain decodes (nobody leaves in
+    between); returns the blocks in use while each step runs."""
+    n, bs, tables, rids = len(batch.reqs), batch.block_size, batch.tables, batch.rids
+    computed = batch.state[COMPUTED, :n]
+    phase = (-computed) % bs
+    per_phase = np.bincount(phase, minlength=bs)
+    used0 = kv.num_used_blocks
+    if naming is None:  # nothing between two steps' blocks: take them all in one call
+        # step s grows the rows of phase s % bs, in row order
+        by_phase = np.argsort(phase, kind="stable")
+        cycles, rest = divmod(steps, bs)
+        order = by_phase[:int(np.searchsorted(phase[by_phase], rest))]  # phases < rest
+        if cycles:
+            order = np.concatenate((np.tile(by_phase, cycles), order))
+        if order.size:
+            rows = order.tolist()
+            grown = kv.append_block_each([rids[i] for i in rows])
+            assert grown is not None, "a decode run took more blocks than were free"
+            for i, table in zip(rows, grown, strict=True):
+                tables[i] = table  # a row's last entry is its final table
+    else:
+        order = np.argsort(phase, kind="stable").tolist()
+        rows, at = [], 0
+        for count in per_phase.tolist():
+            members = order[at:at + count]
+            rows.append((members, [rids[i] for i in members]))
+            at += count
+        contexts = computed.tolist()
+        for s in range(steps):
+            members, member_rids = rows[s % bs]
+            if members:
+                grown = kv.append_block_each(member_rids)
+                assert grown is not None, "a decode run took more blocks than were free"
+                for i, table in zip(members, grown, strict=True):
+                    tables[i] = table
+            members, member_rids = rows[(s + 1) % bs]
+            for i, rid in zip(members, member_rids, strict=True):
+                naming.cache_computed(rid, contexts[i] + s + 1)
+    if not paged:
+        return np.full(steps, used0, dtype=np.int64)
+    return used0 + np.cumsum(per_phase[np.arange(steps) % bs])
+
+
+def _part(run: DecodeRun, steps: int, shape: StepShape, used: np.ndarray) -> DecodeRun:
+    """`steps` steps of `run` from one with `shape`, nobody finishing, `used` blocks."""
+    return DecodeRun(steps, shape, used, run.num_waiting, run.stops_at_arrival, run.block_size,
+                     run.kv_blocked)
