@@ -1,6 +1,7 @@
 """The `servesim` process keeps the cyclic collector off while it starts (sim.cli.start_up):
 no collection until the scenario is read, what start-up built frozen out of later ones, the
-collector back on for the work; an in-process caller's collector is left as it was."""
+collector back on for the work; an in-process caller's collector is left as it was. Nor does
+it scan the installed distributions for pydantic plugins."""
 
 import json
 import subprocess
@@ -31,6 +32,8 @@ sys.argv = ["servesim", *sys.argv[1:]]
 try:
     console()
 finally:
+    loader = sys.modules.get("pydantic.plugin._loader")
+    seen["plugins_scanned"] = loader is not None and loader._plugins is not None
     print(json.dumps(seen))
 """
 
@@ -49,6 +52,7 @@ def test_a_run_starts_without_collections_and_then_collects(tmp_path: Path) -> N
     assert seen["collections_before"] == 0
     assert seen["enabled_after"] is True
     assert seen["frozen_after"] > 10_000  # the modules and the schema, out of later walks
+    assert seen["plugins_scanned"] is False
     assert (tmp_path / "out" / "summary.json").exists()
 
 

@@ -94,9 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console() -> NoReturn:
-    """The `servesim` process (the console script, `python -m sim.cli`): `main`, with the
-    cyclic collector held off while it starts (sim.cli.start_up)."""
-    start_up.hold()
+    """The `servesim` process (the console script, `python -m sim.cli`): `main`, started
+    without garbage collections or a scan for pydantic plugins (sim.cli.start_up)."""
+    start_up.begin()
     code = main()
     start_up.leaving()
     sys.exit(code)

@@ -1,29 +1,37 @@
-"""The `servesim` process's start-up, kept out of the cyclic garbage collector's way.
+"""The `servesim` process's start-up, kept short: no garbage collections, no plugin scan.
 
 Why: before a command does its work it imports numpy, pydantic, simpy and a
 couple of hundred modules and builds the scenario schema, some 100k objects
-that live as long as the process. Left on, the collector walks them over and
-over while they load (about 170 collections before a quickstart run starts)
-and again on the way out, a tenth of a 1k-request run's CPU. `hold()` turns
-it off for the start-up of the process (the console script, `python -m
+that live as long as the process. Left on, the cyclic collector walks them
+over and over while they load (about 170 collections before a quickstart run
+starts) and again on the way out: a tenth of a 1k-request run's CPU. And the
+first pydantic model looks for pydantic plugins in the entry points of every
+installed distribution (~10 ms in a full environment), though servesim's
+schema has no use for one.
+
+`begin()` turns both off for the process (the console script, `python -m
 sim.cli`); `started()` then freezes what exists out of every later collection
-(`gc.freeze`) and turns it back on, so the work itself is collected as usual.
+(`gc.freeze`) and turns the collector back on, so the work itself is
+collected as usual.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 
 
-def hold() -> None:
-    """No collections until `started()`: the process's start-up only allocates."""
+def begin() -> None:
+    """No collections until `started()`; no pydantic plugins (a PYDANTIC_DISABLE_PLUGINS of
+    the user's own is kept)."""
     gc.disable()
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 
 def started() -> None:
     """Start-up is over: freeze what it built out of later collections; collect again.
 
-    Only where `hold()` turned the collector off: an in-process caller of
+    Only where `begin()` turned the collector off: an in-process caller of
     `sim.cli.main` (the tests) keeps its collector, and its objects, as they were.
     """
     if not gc.isenabled():
