@@ -24,8 +24,6 @@ from sim.core.schedulers import build_scheduler as build_policy
 from sim.latency import LatencyModel
 from sim.latency.fixed import FixedLatency
 from sim.latency.roofline import RooflineLatency
-from sim.latency.table_files import open_table_latency
-from sim.latency.table_format import TableError
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +128,9 @@ def build_latency(scenario: Scenario, base_dir: Path | None = None) -> LatencyMo
     if cfg.model == "fixed" and cfg.step_ms is not None:
         return FixedLatency(cfg.step_ms / 1e3)
     if cfg.model == "table" and cfg.path is not None:
+        from sim.latency.table_files import open_table_latency  # a table's reader, for tables
+        from sim.latency.table_format import TableError
+
         model, tp = scenario.model_spec, scenario.hardware.count
         # swaps cross the scenario GPU's host link, as in the roofline model
         swap_s_per_token = (kv_bytes_per_token(model, tp=tp)

@@ -66,3 +66,24 @@ def test_a_run_without_plots_loads_neither_matplotlib_nor_scipy(tmp_path) -> Non
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"a run loaded {out.stdout.strip()}"
+
+
+# What `servesim run --no-plots` needs none of: the replications' sweep machinery and joblib
+# (one run), a latency table's reader (a roofline run), matplotlib and scipy (no plots).
+NOT_IN_A_RUN = ("joblib", "matplotlib", "scipy", "sim.experiments.replicate",
+                      "sim.experiments.sweep", "sim.experiments.runner", "sim.latency.table_files",
+                      "sim.plots")
+
+
+def test_a_run_without_plots_loads_only_what_it_uses(tmp_path) -> None:  # noqa: ANN001
+    code = (
+        "import sys\nfrom sim.cli import main\n"
+        f"code = main(['run', '--no-plots', '--quiet', '--set', 'workload.num_requests=30', "
+        f"'--out', {str(tmp_path / 'out')!r}])\n"
+        f"print(code, ','.join(m for m in {NOT_IN_A_RUN!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    code, _, loaded = out.stdout.strip().partition(" ")
+    assert code == "0", out.stderr
+    assert (tmp_path / "out" / "summary.json").exists()
+    assert loaded == "", f"servesim run --no-plots loaded {loaded}"

@@ -16,8 +16,10 @@ import yaml
 from pydantic import ValidationError
 
 from sim.cli import main
+from sim.config.draws import EmpiricalConfig
 from sim.workload import WorkloadConfig, make_requests
-from sim.workload.build import BUILTIN_TRACES, load_trace
+from sim.workload.build import BUILTIN_TRACES, length_spec, load_trace
+from sim.workload.text import trace_lengths
 from sim.workload.traces import TraceFormatError, detect_format, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,6 +256,16 @@ def test_zero_prompts_warn_once_per_column_and_ids_still_match_rows(tmp_path: Pa
 
 
 # ---------------------------------------------------------------- shipped traces
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_TRACES))
+def test_empirical_lengths_are_the_traces_lengths(name: str) -> None:
+    """A CSV trace's prompt or output column is read alone for an empirical draw (no arrival
+    times parsed): the same values, zeros and all, as the whole trace's lengths."""
+    trace = load_trace(f"builtin:{name}", None)
+    for column in ("prompt", "output"):
+        spec = length_spec(EmpiricalConfig(dist="empirical", trace=f"builtin:{name}"), column)
+        assert spec.dist.values == tuple(trace_lengths(trace, column).tolist())
 
 
 def test_every_builtin_trace_loads_and_is_package_data() -> None:

@@ -14,8 +14,10 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import NoReturn
 
 from sim import __version__
+from sim.cli import start_up
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     try:
         args = build_parser().parse_args(argv)
+        if not getattr(args, "own_start_up", False):  # else the command says when (run)
+            start_up.started()
         with warnings.catch_warnings():  # restores the usual display when the command returns
             warnings.showwarning = _one_line_warning
             code = args.func(args)
@@ -87,6 +91,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         _stop_workers()
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def console() -> NoReturn:
+    """The `servesim` process (the console script, `python -m sim.cli`): `main`, started
+    without garbage collections or a scan for pydantic plugins (sim.cli.start_up)."""
+    start_up.begin()
+    code = main()
+    start_up.leaving()
+    sys.exit(code)
 
 
 def _caused_by_interrupt(err: BaseException) -> bool:

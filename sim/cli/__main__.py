@@ -1,7 +1,5 @@
 """`python -m sim.cli ...`: the same as the `servesim` console script."""
 
-import sys
+from sim.cli import console
 
-from sim.cli import main
-
-sys.exit(main())
+console()

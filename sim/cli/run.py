@@ -10,6 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from sim.cli import start_up
+
 
 def add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="simulate a scenario file (default: the built-in quickstart)")
@@ -30,16 +32,14 @@ def add_run(sub: argparse._SubParsersAction) -> None:
                    help="joblib backend for the replications")
     p.add_argument("--timeline", type=int, default=0, metavar="N",
                    help="trace N requests spread over the run: timeline.csv and timeline.png")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, own_start_up=True)
 
 
 def _run(args: argparse.Namespace) -> int:
     from sim.config.loader import load_scenario
     from sim.config.yaml_input import ScenarioError
     from sim.experiments.outputs import write_outputs
-    from sim.experiments.replicate import MAX_REPLICATIONS, replicate
     from sim.experiments.run import run_scenario
-    from sim.experiments.sweep import Backend
     from sim.results.output_dir import OutputDirError, Staging, variant_dir
     from sim.results.report import format_summary, jsonable
 
@@ -50,10 +50,14 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     for note in scenario.model_notes:
         print(f"note: model: {note}", file=sys.stderr)
-    if not 1 <= args.replications <= MAX_REPLICATIONS:
-        print(f"error: --replications: must be 1..{MAX_REPLICATIONS}, got {args.replications}",
-              file=sys.stderr)
-        return 2
+    if args.replications != 1:  # joblib's backends and the sweep machinery only for these
+        from sim.experiments.replicate import MAX_REPLICATIONS, replicate
+        from sim.experiments.sweep import Backend
+
+        if not 1 <= args.replications <= MAX_REPLICATIONS:
+            print(f"error: --replications: must be 1..{MAX_REPLICATIONS}, got "
+                  f"{args.replications}", file=sys.stderr)
+            return 2
     if args.jobs is not None and args.jobs < 1:
         print(f"error: --jobs: must be >= 1, got {args.jobs}", file=sys.stderr)
         return 2
@@ -68,6 +72,7 @@ def _run(args: argparse.Namespace) -> int:
     except OutputDirError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    start_up.started()  # read and checked: the work begins
     with stage:
         try:
             if args.replications > 1:

@@ -32,6 +32,7 @@ from sim.config.draws import (
 from sim.config.workload import WorkloadConfig
 from sim.workload.arrivals import ArrivalProcess
 from sim.workload.conversations import ConversationSpec, ThinkTime
+from sim.workload.csv_traces import CSV_FORMATS
 from sim.workload.lengths import (
     Empirical,
     Fixed,
@@ -106,12 +107,21 @@ def load_trace(
 
 def _empirical_values(cfg: EmpiricalConfig, trace_path: str, column: str,
                       base_dir: Path | None, tokenizer: str | None) -> np.ndarray:
-    """`column: prompt | output` reads the trace's lengths; any other name reads that column."""
-    if column in ("prompt", "output"):
-        trace = load_trace(trace_path, cfg.format, base_dir=base_dir, tokenizer=tokenizer)
-        return trace_lengths(trace, column)
+    """`column: prompt | output` reads the trace's lengths; any other name reads that column.
+
+    A CSV trace's prompt or output lengths are its format's column, read alone: the
+    draws need neither its arrival times nor its other lengths, and reading the whole
+    trace (for each of the two distributions) took three times as long.
+    """
     with trace_file(trace_path, base_dir) as real_path:
-        return read_column(real_path, cfg.format, column)
+        fmt = cfg.format or detect_format(real_path)
+        if column in ("prompt", "output") and fmt in CSV_FORMATS:
+            names = CSV_FORMATS[fmt]
+            column = names.prompt_tokens if column == "prompt" else names.output_tokens
+        if column not in ("prompt", "output"):
+            return read_column(real_path, fmt, column)
+    trace = load_trace(trace_path, fmt, base_dir=base_dir, tokenizer=tokenizer)
+    return trace_lengths(trace, column)
 
 
 def length_spec(

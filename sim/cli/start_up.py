@@ -1,0 +1,44 @@
+"""The `servesim` process's start-up, kept short: no garbage collections, no plugin scan.
+
+Why: before a command does its work it imports numpy, pydantic, simpy and a
+couple of hundred modules and builds the scenario schema, some 100k objects
+that live as long as the process. Left on, the cyclic collector walks them
+over and over while they load (about 170 collections before a quickstart run
+starts) and again on the way out: a tenth of a 1k-request run's CPU. And the
+first pydantic model looks for pydantic plugins in the entry points of every
+installed distribution (~10 ms in a full environment), though servesim's
+schema has no use for one.
+
+`begin()` turns both off for the process (the console script, `python -m
+sim.cli`); `started()` then freezes what exists out of every later collection
+(`gc.freeze`) and turns the collector back on, so the work itself is
+collected as usual.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+
+def begin() -> None:
+    """No collections until `started()`; no pydantic plugins (a PYDANTIC_DISABLE_PLUGINS of
+    the user's own is kept)."""
+    gc.disable()
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
+
+def started() -> None:
+    """Start-up is over: freeze what it built out of later collections; collect again.
+
+    Only where `begin()` turned the collector off: an in-process caller of
+    `sim.cli.main` (the tests) keeps its collector, and its objects, as they were.
+    """
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
+
+
+def leaving() -> None:
+    """The command is done: the interpreter's last collections need not walk its objects."""
+    gc.freeze()
