@@ -161,6 +161,40 @@ def test_ctrl_c_while_the_hidden_directory_is_made_leaves_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ctrl_c_waits_too_while_another_thread_is_alive(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a second thread alive (a progress bar's monitor, say) the kernel may hand the
+    process its SIGINT through that thread; the held block must still not be cut."""
+    import os
+    import signal
+    import threading
+
+    import sim.results.output_dir as output_dir
+
+    real_mkdir = os.mkdir
+    seen: list[bool] = []
+
+    def mkdir_then_ctrl_c(path: object, *args: object) -> None:
+        real_mkdir(path, *args)
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100_000):  # Python checks for handlers between bytecodes here
+            pass
+        seen.append(True)  # reached: the interrupt waited
+
+    release = threading.Event()
+    other = threading.Thread(target=release.wait, daemon=True)
+    other.start()
+    monkeypatch.setattr(output_dir.os, "mkdir", mkdir_then_ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            output_dir.Staging(tmp_path / "run", "--out")
+    finally:
+        release.set()
+        other.join()
+    assert seen == [True]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_staging_dropped_before_its_block_removes_its_directory(tmp_path: Path) -> None:
     import gc
 

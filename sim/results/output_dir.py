@@ -41,16 +41,32 @@ STAGE_PREFIX = ".servesim-"
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait until the block ends (POSIX, main thread; elsewhere nothing)."""
-    held = (hasattr(signal, "pthread_sigmask")
-            and threading.current_thread() is threading.main_thread())
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) \
-        if held else None
+    """Ctrl-C and SIGTERM wait until the block ends (main thread; elsewhere nothing).
+
+    The handlers are swapped for one that only notes the signal, and a noted signal is
+    raised again once the old handlers are back. Blocking the signals with
+    `pthread_sigmask` would not do: it masks the main thread only, so with any other
+    thread alive (a progress bar's monitor, a pool's manager) the kernel hands the
+    signal to that thread and Python raises KeyboardInterrupt in the main thread
+    inside the block anyway.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    kinds = (signal.SIGINT, signal.SIGTERM)
+    old = {kind: signal.getsignal(kind) for kind in kinds}
+    for kind in kinds:
+        if old[kind] is not None:  # None: a handler not set from Python; leave it be
+            signal.signal(kind, lambda signum, _frame: noted.append(signum))
     try:
         yield
     finally:
-        if old is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for kind in kinds:
+            if old[kind] is not None:
+                signal.signal(kind, old[kind])
+        for signum in noted:
+            signal.raise_signal(signum)
 
 
 class OutputDirError(Exception):
