@@ -57,10 +57,11 @@ from sim.latency.roofline_terms import (
     GemmCost,
     LayerDims,
     RooflineParams,
-    attention_s,
     cpu_overhead_s,
+    decode_attention_s,
     gemm_cost,
     params_for,
+    prefill_attention_s,
     sampling_s,
     small_kernels_s,
 )
@@ -192,31 +193,34 @@ class RooflineLatency:
             return context_tokens
         return attended_tokens(self.model, context_tokens, sequences)
 
-    def _counts(self, shape: StepShape) -> tuple[float, float, float, float, float]:
-        """Token rows, query-key pairs and KV tokens touched (per attending layer),
-        sequences, logit rows."""
+    def _counts(self, shape: StepShape) -> tuple[float, tuple[float, float],
+                                                 tuple[float, float], float, float]:
+        """Token rows; (query-key pairs, KV tokens touched) per attending layer of the
+        decodes' kernel and of the prefill chunks' kernel; sequences; logit rows."""
         prefill_tokens = 0
-        pairs = 0.0  # query-key pairs attended, summed over the step
+        prefill_pairs = prefill_kv = 0.0
         decodes = shape.num_decodes
         decode_context = self._attended(shape.decode_context_sum, decodes)
-        kv_read_tokens = decode_context
         for chunk, context in zip(shape.prefill_chunk_tokens, shape.prefill_context_tokens,
                                   strict=True):
             prefill_tokens += chunk
             seen = self._attended(context, 1)
-            pairs += chunk * seen + chunk * (chunk + 1) * 0.5  # causal within the chunk
-            kv_read_tokens += seen
-        pairs += decode_context + decodes  # each decode also attends to itself
+            prefill_pairs += chunk * seen + chunk * (chunk + 1) * 0.5  # causal in the chunk
+            prefill_kv += seen + chunk
+        decode_pairs = 0.0
+        decode_pairs += decode_context + decodes  # each decode also attends to itself
         seqs = len(shape.prefill_chunk_tokens) + decodes
         padding = max(0, shape.padded_batch - seqs)  # padded slots cost matmuls, not attention
         drafts = shape.num_spec_tokens
         if drafts:  # draft positions: over the context, after the last token and each other
             mean_k = drafts / shape.num_spec_decodes
-            pairs += (mean_k * self._attended(shape.spec_context_sum, shape.num_spec_decodes)
-                      + drafts * (mean_k + 3) * 0.5)
+            decode_pairs += (mean_k * self._attended(shape.spec_context_sum,
+                                                     shape.num_spec_decodes)
+                             + drafts * (mean_k + 3) * 0.5)
         rows = prefill_tokens + decodes + drafts + padding
-        kv_tokens = kv_read_tokens + prefill_tokens + decodes + drafts
-        return float(rows), pairs, float(kv_tokens), float(seqs), float(seqs + padding + drafts)
+        decode_kv = float(decode_context + decodes + drafts)
+        return (float(rows), (decode_pairs, decode_kv), (prefill_pairs, prefill_kv),
+                float(seqs), float(seqs + padding + drafts))
 
     def _experts(self, rows: float) -> tuple[float, float]:
         """Routed experts a MoE layer touches on the busiest GPU, and each one's rows."""
@@ -255,21 +259,30 @@ class RooflineLatency:
                 self.ep) / self.hardware.interconnect_bandwidth_bytes_per_s
         return seconds
 
+    def _attention_s(self, decode: tuple[float, float], prefill: tuple[float, float]
+                     ) -> float:
+        """Every attending layer's decode kernel and prefill kernel (each where it runs)."""
+        p, f, b = self._p, self._flops_per_s, self._bytes_per_s
+        pair_flops, kv_bytes = self._attn_flops_per_pair, self._kv_bytes_per_token
+        seconds = decode_attention_s(decode[0] * pair_flops, decode[1] * kv_bytes, f, b,
+                                     p) if decode[0] else 0.0
+        if prefill[0]:
+            seconds += prefill_attention_s(prefill[0] * pair_flops, prefill[1] * kv_bytes,
+                                           f, b, p)
+        return self._attn_layers * seconds
+
     def _parts(self, shape: StepShape) -> tuple[float, ...]:
         """Every priced part of one step in PARTS' order, seconds (empty: nothing runs)."""
-        rows, pairs, kv_tokens, seqs, logit_rows = self._counts(shape)
+        rows, decode, prefill, seqs, logit_rows = self._counts(shape)
         if rows == 0:
             return ()
         p, dims, b = self._p, self._dims, self._bytes_per_s
-        attention = self._attn_layers * attention_s(
-            pairs * self._attn_flops_per_pair, kv_tokens * self._kv_bytes_per_token,
-            self._flops_per_s, b, p) if pairs else 0.0
         small = 0.0
         for g in self._groups:
             small += g.group.layers * small_kernels_s(g.group.dims, rows, b, p, self._act_bytes)
         return (self._gemms_s(rows),
                 small,
-                attention,
+                self._attention_s(decode, prefill),
                 self._lm_head.seconds(logit_rows) + sampling_s(dims, logit_rows, b, p),
                 cpu_overhead_s(seqs, p),
                 self._collectives_s(rows))
@@ -323,38 +336,25 @@ class RooflineLatency:
         if not parts:
             return np.zeros(steps)
         gemms_s, small_s, _, lm_head_s, cpu_s, collectives_s = parts
-        n, p = shape.num_decodes, self._p
-        pair_flops, kv_bytes = self._attn_flops_per_pair, self._kv_bytes_per_token
-        flops_per_s, bytes_per_s, layers = self._flops_per_s, self._bytes_per_s, self._attn_layers
-        # attention_s and soft_max inlined (the hot loop of a run), operation for operation
-        launch_s = p.attention_launch_s
-        compute_rate = flops_per_s * p.attention_compute_efficiency
-        memory_rate = bytes_per_s * p.attention_bandwidth_efficiency
-        sharp, root = 64.0, 1.0 / 64.0
-        head = 0 + gemms_s + small_s  # sum()'s first two additions
-        first = shape.decode_context_sum
-        attended = self._attended if self._sliding_share else None
+        n, none = shape.num_decodes, (0.0, 0.0)
         out = []
         for s in range(steps):
-            context = first + s * n if attended is None else attended(first + s * n, n)
-            pairs = 0.0 + (context + n)  # each decode also attends to itself
-            attention = 0.0
-            if pairs:
-                a = pairs * pair_flops / compute_rate
-                b = float(context + 0 + n + 0) * kv_bytes / memory_rate
-                hi = a if a >= b else b
-                soft = 0.0 if hi <= 0 else hi * ((a / hi) ** sharp + (b / hi) ** sharp) ** root
-                attention = layers * (launch_s + soft)
-            out.append(head + attention + lm_head_s + cpu_s + collectives_s + 0.0)
+            context = self._attended(shape.decode_context_sum + s * n, n)
+            pairs = 0.0
+            pairs += context + n  # each decode also attends to itself
+            attention = self._attention_s((pairs, float(context + n + 0)), none)
+            out.append(sum((gemms_s, small_s, attention, lm_head_s, cpu_s, collectives_s))
+                       + 0.0)
         return np.array(out)
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Every term of step_time (and the kernels' ideal compute and HBM time)."""
         parts = dict.fromkeys((*PARTS, "flops", "bytes", "compute_s", "memory_s"), 0.0)
         parts.update(zip(PARTS, self._parts(shape), strict=False))
-        rows, pairs, kv_tokens, _, logit_rows = self._counts(shape)
+        rows, decode, prefill, _, logit_rows = self._counts(shape)
         if rows:
-            parts.update(self._work(rows, pairs, kv_tokens, logit_rows))
+            parts.update(self._work(rows, decode[0] + prefill[0], decode[1] + prefill[1],
+                                    logit_rows))
         parts["swap_s"] = self.swap_time_s(shape)
         parts["total_s"] = self.step_time(shape)
         return parts

@@ -33,6 +33,7 @@ Every function is pure and works on floats and numpy arrays alike.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import ceil
 from types import MappingProxyType
 from typing import Any
 
@@ -49,12 +50,16 @@ class RooflineParams:
     bandwidth_efficiency: float  # a streaming GEMM weight read, share of datasheet HBM
     compute_efficiency: float  # a large GEMM, share of dense peak
     transition_sharpness: float  # p of the soft max between memory and compute time
-    gemm_tile_rows: float  # a GEMM computes as if over at least ~this many more rows (tiles)
+    gemm_tile_rows: float  # a GEMM's rows are padded up to whole tiles of this height
+    gemm_tile_cols: float  # ... and its columns to whole tiles of this width
+    gemm_wave_tiles: float  # tiles the GPU runs at once (its SMs): compute goes by waves
     gemm_launch_s: float  # fixed cost of every GEMM kernel
     layer_small_s: float  # per layer: norms, rope, activation, residual add (launches)
     attention_bandwidth_efficiency: float
     attention_compute_efficiency: float
-    attention_launch_s: float  # per layer
+    decode_attention_launch_s: float  # per layer, the decodes' kernel
+    prefill_attention_launch_s: float  # per layer, the prefill chunks' kernel
+    attention_min_s: float  # no attention kernel takes less
     cpu_step_s: float  # host time per step
     cpu_seq_s: float  # host time per sequence in the step
     fitted_on: str  # where the numbers come from
@@ -68,7 +73,12 @@ class RooflineParams:
         if not self.transition_sharpness >= 1:
             raise ValueError(f"transition_sharpness must be >= 1, "
                              f"got {self.transition_sharpness!r}")
-        for name in ("gemm_tile_rows", "gemm_launch_s", "layer_small_s", "attention_launch_s",
+        for name in ("gemm_tile_rows", "gemm_tile_cols", "gemm_wave_tiles"):
+            value = getattr(self, name)
+            if not (value > 0 and value < float("inf")):
+                raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+        for name in ("gemm_launch_s", "layer_small_s", "decode_attention_launch_s",
+                     "prefill_attention_launch_s", "attention_min_s",
                      "cpu_step_s", "cpu_seq_s"):
             value = getattr(self, name)
             if not (value >= 0 and value < float("inf")):
@@ -118,24 +128,30 @@ def soft_max(a: Any, b: Any, p: float) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class GemmCost:
-    """One GEMM's constants, derived once: time = launch + soft max(memory, compute)."""
+    """One GEMM's constants, derived once: time = launch + soft max(memory, compute).
+
+    Compute goes by waves: the rows padded to whole tiles, times the column tiles, make
+    the tiles; the GPU runs `wave_tiles` of them at once, each wave taking `wave_s`."""
 
     launch_s: float
     memory_s: float  # weights' read
     memory_s_per_row: float  # activations in and out
-    compute_s_per_row: float
     tile_rows: float
+    col_tiles: float  # tiles across the columns
+    wave_tiles: float
+    wave_s: float
     sharpness: float
 
     def __call__(self, rows: Any) -> Any:
+        waves = np.ceil(np.ceil(rows / self.tile_rows) * self.col_tiles / self.wave_tiles)
         return self.launch_s + soft_max(self.memory_s + rows * self.memory_s_per_row,
-                                        (rows + self.tile_rows) * self.compute_s_per_row,
-                                        self.sharpness)
+                                        waves * self.wave_s, self.sharpness)
 
     def seconds(self, rows: float) -> float:
         """`self(rows)` for one float, in plain arithmetic: the simulator's hot path."""
         memory = self.memory_s + rows * self.memory_s_per_row
-        compute = (rows + self.tile_rows) * self.compute_s_per_row
+        compute = ceil(ceil(rows / self.tile_rows) * self.col_tiles / self.wave_tiles
+                       ) * self.wave_s
         p = self.sharpness
         if memory >= compute:
             return self.launch_s + memory * (1.0 + (compute / memory) ** p) ** (1.0 / p)
@@ -149,13 +165,16 @@ def gemm_cost(k: float, n: float, flops_per_s: float, bytes_per_s: float,
 
     `weight_bytes` per stored weight element (a quantised dtype's, scales included) and
     `act_bytes` per activation element in and out; `flops_per_s` the rate its dtype's
-    matmul runs at; `tile_scale` scales the fitted (bf16) tile rows for another dtype
+    matmul runs at; `tile_scale` scales the fitted (bf16) tile height for another dtype
     (see sim.latency.roofline_layers.Gemm.tile_scale)."""
     bandwidth = bytes_per_s * params.bandwidth_efficiency
+    tile_rows = params.gemm_tile_rows * tile_scale
+    tile_cols = min(params.gemm_tile_cols, n)
+    wave_flops = params.gemm_wave_tiles * tile_rows * tile_cols * 2.0 * k
     return GemmCost(params.gemm_launch_s, k * n * weight_bytes / bandwidth,
-                    (k + n) * act_bytes / bandwidth,
-                    2.0 * k * n / (flops_per_s * params.compute_efficiency),
-                    params.gemm_tile_rows * tile_scale, params.transition_sharpness)
+                    (k + n) * act_bytes / bandwidth, tile_rows, ceil(n / tile_cols),
+                    params.gemm_wave_tiles, wave_flops / (flops_per_s * params.compute_efficiency),
+                    params.transition_sharpness)
 
 
 def gemm_s(rows: Any, k: float, n: float, flops_per_s: float, bytes_per_s: float,
@@ -178,12 +197,33 @@ def small_kernels_s(dims: LayerDims, rows: Any, bytes_per_s: float, params: Roof
         bytes_per_s * params.bandwidth_efficiency)
 
 
-def attention_s(pair_flops: Any, kv_bytes: Any, flops_per_s: float, bytes_per_s: float,
-                params: RooflineParams) -> Any:
-    """One layer's attention kernel: launch + max(FLOPs over its pairs, KV bytes read)."""
-    return params.attention_launch_s + soft_max(
-        pair_flops / (flops_per_s * params.attention_compute_efficiency),
-        kv_bytes / (bytes_per_s * params.attention_bandwidth_efficiency), 64.0)
+def _max(a: Any, b: Any) -> Any:
+    if isinstance(a, float | int) and isinstance(b, float | int):
+        return a if a >= b else b
+    return np.maximum(a, b)
+
+
+def _attention_s(pair_flops: Any, kv_bytes: Any, flops_per_s: float, bytes_per_s: float,
+                 params: RooflineParams, launch_s: float) -> Any:
+    work = _max(pair_flops / (flops_per_s * params.attention_compute_efficiency),
+                kv_bytes / (bytes_per_s * params.attention_bandwidth_efficiency))
+    return _max(params.attention_min_s, launch_s + work)
+
+
+def decode_attention_s(pair_flops: Any, kv_bytes: Any, flops_per_s: float, bytes_per_s: float,
+                       params: RooflineParams) -> Any:
+    """One layer's decode attention kernel (the step's decodes together): at least
+    attention_min_s, else its launch + max(FLOPs over its pairs, KV bytes read)."""
+    return _attention_s(pair_flops, kv_bytes, flops_per_s, bytes_per_s, params,
+                        params.decode_attention_launch_s)
+
+
+def prefill_attention_s(pair_flops: Any, kv_bytes: Any, flops_per_s: float,
+                        bytes_per_s: float, params: RooflineParams) -> Any:
+    """One layer's prefill attention kernel (the step's chunks together), the same law with
+    its own launch: a prefill kernel is a longer pipeline (query tiles, causal masking)."""
+    return _attention_s(pair_flops, kv_bytes, flops_per_s, bytes_per_s, params,
+                        params.prefill_attention_launch_s)
 
 
 def lm_head_s(dims: LayerDims, seqs: Any, flops_per_s: float, bytes_per_s: float,
@@ -210,22 +250,25 @@ def cpu_overhead_s(seqs: Any, params: RooflineParams) -> Any:
 # inference-sim a410740). Attention and CPU terms: see each family's fitted_on.
 FAMILIES: MappingProxyType[str, RooflineParams] = MappingProxyType({
     "ampere": RooflineParams(
-        "ampere", bandwidth_efficiency=0.838, compute_efficiency=0.7148,
-        transition_sharpness=3.177, gemm_tile_rows=53.49, gemm_launch_s=6.271e-06,
-        layer_small_s=2.154e-05,
-        attention_bandwidth_efficiency=0.9523, attention_compute_efficiency=0.7118,
-        attention_launch_s=2.108e-05, cpu_step_s=0.001433, cpu_seq_s=4.13e-05,
+        "ampere", bandwidth_efficiency=0.9093, compute_efficiency=0.7051,
+        transition_sharpness=2.085, gemm_tile_rows=64, gemm_tile_cols=32, gemm_wave_tiles=108,
+        gemm_launch_s=4.737e-06, layer_small_s=1.882e-05,
+        attention_bandwidth_efficiency=0.9239, attention_compute_efficiency=0.7295,
+        decode_attention_launch_s=1.474e-05, prefill_attention_launch_s=2.732e-05,
+        attention_min_s=2.38e-05, cpu_step_s=0.001433, cpu_seq_s=4.13e-05,
         fitted_on="A100 stacks: Vidur Llama-2-7B/70B, Qwen-72B, Llama-3-8B, phi-2 (tp 1-2); "
-                  "attention: the hopper fit; CPU: Vidur A100 host overheads"),
+                  "waves of 108 tiles (A100's SMs); attention: the hopper fit; CPU: Vidur "
+                  "A100 host overheads"),
     "hopper": RooflineParams(
-        "hopper", bandwidth_efficiency=0.9207, compute_efficiency=0.7065,
-        transition_sharpness=8.471, gemm_tile_rows=128.8, gemm_launch_s=5.521e-06,
-        layer_small_s=2.209e-05,
-        attention_bandwidth_efficiency=0.9523, attention_compute_efficiency=0.7118,
-        attention_launch_s=2.108e-05, cpu_step_s=0.001433, cpu_seq_s=4.13e-05,
-        fitted_on="H100 stacks: Vidur Llama-2-7B/70B, Qwen-72B, phi-2 (tp 1-2); attention: "
-                  "inference-sim H100 decode and prefill; CPU: Vidur A100 host overheads "
-                  "(no H100 host data)"),
+        "hopper", bandwidth_efficiency=0.95, compute_efficiency=0.6825,
+        transition_sharpness=2.433, gemm_tile_rows=128, gemm_tile_cols=32, gemm_wave_tiles=132,
+        gemm_launch_s=4.414e-06, layer_small_s=1.775e-05,
+        attention_bandwidth_efficiency=0.9239, attention_compute_efficiency=0.7295,
+        decode_attention_launch_s=1.474e-05, prefill_attention_launch_s=2.732e-05,
+        attention_min_s=2.38e-05, cpu_step_s=0.001433, cpu_seq_s=4.13e-05,
+        fitted_on="H100 stacks: Vidur Llama-2-7B/70B, Qwen-72B, phi-2 (tp 1-2); waves of 132 "
+                  "tiles (H100's SMs); attention: inference-sim H100 decode and prefill; CPU: "
+                  "Vidur A100 host overheads (no H100 host data)"),
 })
 
 # Catalogue GPU -> (family, why): a GPU without measured kernels takes its nearest family.
