@@ -12,6 +12,7 @@ from sim.core.plan import StepShape
 from sim.latency.roofline import RooflineLatency, model_dims
 from sim.latency.roofline_terms import (
     FAMILIES,
+    attention_costs,
     cpu_overhead_s,
     decode_attention_s,
     family_of,
@@ -130,3 +131,14 @@ def test_the_simulators_float_path_is_the_law() -> None:
     rows = np.array([0.0, 1.0, 37.0, 128.0, 500.0, 4096.0, 65536.0])
     assert [cost.seconds(float(r)) for r in rows] == pytest.approx(list(cost(rows)), rel=1e-12)
     assert cost.seconds(64.0) == pytest.approx(gemm_s(64.0, 4096, 28672, F, B, P), rel=1e-12)
+
+
+def test_the_simulators_attention_path_is_the_law() -> None:
+    """AttentionCost.seconds (plain floats) equals decode/prefill_attention_s, both regimes."""
+    per_pair, per_token = 4 * 4096.0, 2 * 1024 * 2.0
+    decode, prefill = attention_costs(per_pair, per_token, F, B, P)
+    for pairs, kv in ((1.0, 1.0), (64 * 4097.0, 64 * 4097.0), (8e6, 4096.0)):
+        assert decode.seconds(pairs, kv) == pytest.approx(
+            decode_attention_s(pairs * per_pair, kv * per_token, F, B, P), rel=1e-12)
+        assert prefill.seconds(pairs, kv) == pytest.approx(
+            prefill_attention_s(pairs * per_pair, kv * per_token, F, B, P), rel=1e-12)

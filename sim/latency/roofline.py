@@ -54,14 +54,14 @@ from sim.config.specs import HardwareSpec, ModelSpec, check_ep, check_tp
 from sim.core.plan import StepShape
 from sim.latency.roofline_layers import Gemm, LayerGroup, layer_groups, model_dims
 from sim.latency.roofline_terms import (
+    AttentionCost,
     GemmCost,
     LayerDims,
     RooflineParams,
+    attention_costs,
     cpu_overhead_s,
-    decode_attention_s,
     gemm_cost,
     params_for,
-    prefill_attention_s,
     sampling_s,
     small_kernels_s,
 )
@@ -113,6 +113,8 @@ class RooflineLatency:
     _dims: LayerDims = field(init=False, repr=False, compare=False)
     _groups: tuple[_PricedGroup, ...] = field(init=False, repr=False, compare=False)
     _lm_head: GemmCost = field(init=False, repr=False, compare=False)
+    _decode_attention: AttentionCost = field(init=False, repr=False, compare=False)
+    _prefill_attention: AttentionCost = field(init=False, repr=False, compare=False)
     _act_bytes: float = field(init=False, repr=False, compare=False)
     _attn_layers: int = field(init=False, repr=False, compare=False)
     _sliding_share: float = field(init=False, repr=False, compare=False)
@@ -158,6 +160,10 @@ class RooflineLatency:
         # Two all-reduces per layer (after attention and after the MLP); under ep a MoE
         # layer's second is an all-to-all instead.
         reduces = 2 * m.num_layers - (m.moe_layers if ep > 1 else 0)
+        attn_flops_per_pair = attention_flops_per_pair(m, tp) / attn_layers  # one layer
+        kv_bytes = layer_bytes_per_token(m, tp)  # one attending layer
+        decode_attention, prefill_attention = attention_costs(
+            attn_flops_per_pair, kv_bytes, hw.bf16_flops_per_s, bw, params)
         values = {
             "_p": params,
             "_dims": dims,
@@ -169,8 +175,10 @@ class RooflineLatency:
             "_act_bytes": act,
             "_attn_layers": attn_layers,
             "_sliding_share": counts["sliding"] / attn_layers,
-            "_attn_flops_per_pair": attention_flops_per_pair(m, tp) / attn_layers,  # one layer
-            "_kv_bytes_per_token": layer_bytes_per_token(m, tp),  # one attending layer
+            "_decode_attention": decode_attention,
+            "_prefill_attention": prefill_attention,
+            "_attn_flops_per_pair": attn_flops_per_pair,
+            "_kv_bytes_per_token": kv_bytes,
             "_flops_per_s": hw.bf16_flops_per_s,
             "_bytes_per_s": bw,
             "_allreduce_bytes_per_token": reduces * m.hidden_size * act if multi_gpu else 0.0,
@@ -262,13 +270,9 @@ class RooflineLatency:
     def _attention_s(self, decode: tuple[float, float], prefill: tuple[float, float]
                      ) -> float:
         """Every attending layer's decode kernel and prefill kernel (each where it runs)."""
-        p, f, b = self._p, self._flops_per_s, self._bytes_per_s
-        pair_flops, kv_bytes = self._attn_flops_per_pair, self._kv_bytes_per_token
-        seconds = decode_attention_s(decode[0] * pair_flops, decode[1] * kv_bytes, f, b,
-                                     p) if decode[0] else 0.0
+        seconds = self._decode_attention.seconds(*decode) if decode[0] else 0.0
         if prefill[0]:
-            seconds += prefill_attention_s(prefill[0] * pair_flops, prefill[1] * kv_bytes,
-                                           f, b, p)
+            seconds += self._prefill_attention.seconds(*prefill)
         return self._attn_layers * seconds
 
     def _parts(self, shape: StepShape) -> tuple[float, ...]:

@@ -226,6 +226,34 @@ def prefill_attention_s(pair_flops: Any, kv_bytes: Any, flops_per_s: float,
                         params.prefill_attention_launch_s)
 
 
+@dataclass(frozen=True, slots=True)
+class AttentionCost:
+    """One layer's attention kernel of one kind (decode or prefill) on one model, derived
+    once: the law of decode_attention_s / prefill_attention_s in plain float arithmetic."""
+
+    launch_s: float
+    min_s: float
+    pair_s: float  # compute per query-key pair
+    token_s: float  # HBM read per KV token
+
+    def seconds(self, pairs: float, kv_tokens: float) -> float:
+        compute, memory = pairs * self.pair_s, kv_tokens * self.token_s
+        t = self.launch_s + (compute if compute >= memory else memory)
+        return t if t >= self.min_s else self.min_s
+
+
+def attention_costs(flops_per_pair: float, kv_bytes_per_token: float, flops_per_s: float,
+                    bytes_per_s: float, params: RooflineParams
+                    ) -> tuple[AttentionCost, AttentionCost]:
+    """(decode, prefill) kernels of a layer with these FLOPs per pair and KV bytes per token."""
+    pair_s = flops_per_pair / (flops_per_s * params.attention_compute_efficiency)
+    token_s = kv_bytes_per_token / (bytes_per_s * params.attention_bandwidth_efficiency)
+    return (AttentionCost(params.decode_attention_launch_s, params.attention_min_s, pair_s,
+                          token_s),
+            AttentionCost(params.prefill_attention_launch_s, params.attention_min_s, pair_s,
+                          token_s))
+
+
 def lm_head_s(dims: LayerDims, seqs: Any, flops_per_s: float, bytes_per_s: float,
               params: RooflineParams, dtype_bytes: float = 2) -> Any:
     """The lm_head GEMM over the sequences that emit a token, then sampling's logit traffic."""
