@@ -9,10 +9,13 @@ H100) it fits, by least squares on log(roofline / measured):
 
 - the GEMM and small-kernel terms (bandwidth and compute efficiency, the
   transition's sharpness, a launch per GEMM, a per-layer small-kernel cost)
-  on the linear-op stacks of the TRAIN models, at tp 1 and 2, 1-4,096 rows;
-- the attention terms on inference-sim's H100 decode and prefill tables
-  (hopper; the only bf16 attention on record of a current kernel, so ampere
-  takes them too);
+  on the linear-op stacks of the TRAIN models, at tp 1 and 2, 1-4,096 rows,
+  for every tile shape of TILE_ROWS x TILE_COLS (waves of the family's SM
+  count), keeping the shape of the lowest train cost;
+- the attention terms on inference-sim's H100 tables (hopper; the only bf16
+  attention on record of a current kernel, so ampere takes them too): the
+  decode ones on the decode tables, less each table's warm-up row (see
+  is_warmup), then the prefill ones on the prefill tables;
 - the CPU terms (per step, per sequence) on Vidur's A100 host overheads
   (schedule, sampler, input preparation, output processing; Ray's
   multi-GPU messaging, an artefact of its engine, left out), every model but
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -161,17 +165,18 @@ def fit_stacks(base: RooflineParams, groups: dict[Fixture, tuple[LinearOpRow, ..
                ) -> RooflineParams:
     """GEMM and small-kernel constants: the continuous ones by least squares for every
     tile shape and start, the tile shape of the lowest cost kept."""
+    from tqdm import tqdm
+
     residuals = _stack_residuals(groups)
     best: tuple[float, RooflineParams] | None = None
-    for rows in TILE_ROWS:
-        for cols in TILE_COLS:
-            for sharpness in SHARPNESS_STARTS:
-                p = _fit(dataclasses.replace(base, gemm_tile_rows=rows, gemm_tile_cols=cols,
-                                             transition_sharpness=sharpness),
-                         GEMM_FIELDS, residuals)
-                cost = float(np.sum(residuals(p) ** 2))
-                if best is None or cost < best[0]:
-                    best = (cost, p)
+    starts = list(itertools.product(TILE_ROWS, TILE_COLS, SHARPNESS_STARTS))
+    for rows, cols, sharpness in tqdm(starts, desc=f"{base.family} GEMM fits", leave=False,
+                                      file=sys.stderr):
+        p = _fit(dataclasses.replace(base, gemm_tile_rows=rows, gemm_tile_cols=cols,
+                                     transition_sharpness=sharpness), GEMM_FIELDS, residuals)
+        cost = float(np.sum(residuals(p) ** 2))
+        if best is None or cost < best[0]:
+            best = (cost, p)
     assert best is not None
     return best[1]
 

@@ -2,8 +2,9 @@
 
 Needs nothing but a ModelSpec and a HardwareSpec, so it is the default when no
 calibration table exists. The terms (sim.latency.roofline_terms) price every
-layer's GEMMs (a soft maximum of weight-read and compute time, with a launch
-each and a tile's worth of rows), its small kernels and its attention, then
+layer's GEMMs (a soft maximum of weight-read time and compute by waves of
+padded tiles, with a launch each), its small kernels and its attention (a
+decode kernel and a prefill kernel, each where the step has them), then
 lm_head and sampling once, a CPU overhead per step and per sequence, and the
 tensor-parallel all-reduces. Their constants are fitted per GPU family on
 published A100 and H100 kernel timings (`python -m calibrate.fit_roofline`);

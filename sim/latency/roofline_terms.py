@@ -8,15 +8,18 @@ host spends time around every step (scheduling, input preparation, output
 processing), part of it per sequence. Each term here prices one of those:
 
 - a GEMM of `rows` x k @ k x n reads its weights and activations from HBM
-  and does 2 rows k n FLOPs, paying for at least a tile's rows more (its
-  compute efficiency rises with rows). Its time is the soft maximum
-  (t_mem^p + t_compute^p)^(1/p) of the two, plus a launch: with p finite
-  the GEMM leaves the memory-bound regime before the ideal crossover (real
-  kernels do: tiles and waves quantise), and p is fitted, not assumed;
+  and computes by waves of tiles: its rows padded up to whole tiles of
+  `gemm_tile_rows`, its columns to tiles of `gemm_tile_cols`, and the GPU
+  running `gemm_wave_tiles` (its SMs) of them at once. Its time is the soft
+  maximum (t_mem^p + t_compute^p)^(1/p) of the two, plus a launch: the
+  compute steps up at each new tile of rows (as measured kernels jump after
+  256 and 512 rows), and with p finite the GEMM leaves the memory-bound
+  regime before the ideal crossover; p and the tile shape are fitted;
 - small kernels: a per-layer constant (their launches) plus their
   activation bytes at the GEMMs' bandwidth;
-- attention per layer: a launch plus max(FLOPs over the query-key pairs,
-  KV bytes read), at its own efficiencies;
+- attention per layer: the decodes' kernel and the prefill chunks' kernel,
+  each a launch of its own plus max(FLOPs over its query-key pairs, KV
+  bytes read), at attention's efficiencies, and never under a minimum;
 - lm_head is a GEMM like any other; sampling reads and writes fp32 logits;
 - CPU overhead: a per-step and a per-sequence term (serial with the GPU, as
   in vLLM's engine loop).
@@ -24,7 +27,7 @@ processing), part of it per sequence. Each term here prices one of those:
 Prefill stays compute-bound and decode memory-bound because of the shapes:
 a step reads each weight once however many rows it multiplies.
 
-The constants come from `python benchmarks/fit_roofline.py`, which fits them
+The constants come from `python -m calibrate.fit_roofline`, which fits them
 per family on published kernel timings (calibration/measured/, Vidur,
 LLMServingSim, inference-sim) and prints the held-out models' errors.
 Every function is pure and works on floats and numpy arrays alike.
