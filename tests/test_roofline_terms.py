@@ -142,3 +142,11 @@ def test_the_simulators_attention_path_is_the_law() -> None:
             decode_attention_s(pairs * per_pair, kv * per_token, F, B, P), rel=1e-12)
         assert prefill.seconds(pairs, kv) == pytest.approx(
             prefill_attention_s(pairs * per_pair, kv * per_token, F, B, P), rel=1e-12)
+
+
+def test_a_custom_gpu_pads_to_tiles_but_runs_no_waves() -> None:
+    """Its SM count is unknown: a wave of hopper's 132 would price a narrow GEMM's few tiles
+    at 1/132 of its peak each."""
+    assert params_for("my-gpu") == dataclasses.replace(FAMILIES["hopper"], gemm_wave_tiles=1.0)
+    assert params_for("h100-sxm") is FAMILIES["hopper"]
+    assert "without waves" in family_of("my-gpu")[1]

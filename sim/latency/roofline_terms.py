@@ -35,6 +35,7 @@ Every function is pure and works on floats and numpy arrays alike.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from math import ceil
 from types import MappingProxyType
@@ -327,8 +328,15 @@ DEFAULT_FAMILY = "hopper"
 def family_of(gpu_name: str) -> tuple[str, str]:
     """(family, why) for a GPU; a custom one takes the default family and says so."""
     return GPU_FAMILIES.get(gpu_name, (DEFAULT_FAMILY, f"custom GPU: the {DEFAULT_FAMILY} "
-                                                       f"family's fit"))
+                                                       f"family's fit, without waves (its "
+                                                       f"SMs are unknown)"))
 
 
 def params_for(gpu_name: str) -> RooflineParams:
-    return FAMILIES[family_of(gpu_name)[0]]
+    """The family's fit. A custom GPU's SM count is unknown, and a wave of the family's
+    would price each of its tiles at a share of its peak that it may not have (a CPU-sized
+    device would pay for 132 SMs it lacks): its GEMMs pad to tiles but run no waves."""
+    params = FAMILIES[family_of(gpu_name)[0]]
+    if gpu_name in GPU_FAMILIES:
+        return params
+    return dataclasses.replace(params, gemm_wave_tiles=1.0)
