@@ -341,15 +341,24 @@ class RooflineLatency:
         if not parts:
             return np.zeros(steps)
         gemms_s, small_s, _, lm_head_s, cpu_s, collectives_s = parts
-        n, none = shape.num_decodes, (0.0, 0.0)
+        n, layers = shape.num_decodes, self._attn_layers
+        # _attention_s and AttentionCost.seconds inlined (the hot loop of a run), operation
+        # for operation
+        cost = self._decode_attention
+        launch_s, min_s, pair_s, token_s = cost.launch_s, cost.min_s, cost.pair_s, cost.token_s
+        head = 0 + gemms_s + small_s  # sum()'s first two additions
+        first = shape.decode_context_sum
+        attended = self._attended if self._sliding_share else None
         out = []
         for s in range(steps):
-            context = self._attended(shape.decode_context_sum + s * n, n)
-            pairs = 0.0
-            pairs += context + n  # each decode also attends to itself
-            attention = self._attention_s((pairs, float(context + n + 0)), none)
-            out.append(sum((gemms_s, small_s, attention, lm_head_s, cpu_s, collectives_s))
-                       + 0.0)
+            context = first + s * n if attended is None else attended(first + s * n, n)
+            pairs = 0.0 + (context + n)  # each decode also attends to itself
+            attention = 0.0
+            if pairs:
+                compute, memory = pairs * pair_s, float(context + n + 0) * token_s
+                t = launch_s + (compute if compute >= memory else memory)
+                attention = layers * (t if t >= min_s else min_s)
+            out.append(head + attention + lm_head_s + cpu_s + collectives_s + 0.0)
         return np.array(out)
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
