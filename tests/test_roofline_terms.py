@@ -12,12 +12,14 @@ from sim.core.plan import StepShape
 from sim.latency.roofline import RooflineLatency, model_dims
 from sim.latency.roofline_terms import (
     FAMILIES,
-    attention_s,
+    attention_costs,
     cpu_overhead_s,
+    decode_attention_s,
     family_of,
     gemm_cost,
     gemm_s,
     params_for,
+    prefill_attention_s,
     soft_max,
 )
 
@@ -57,15 +59,46 @@ def test_prefill_is_compute_bound_and_decode_memory_bound() -> None:
     assert decode["memory_s"] > 10 * decode["compute_s"]
 
 
+def test_gemm_compute_goes_by_padded_tiles() -> None:
+    """Past the memory-bound rows a GEMM's time steps at each tile of rows: 129 to 256 rows
+    fill two tiles of 128 rows and cost nearly alike, 257 rows start a third."""
+    cost = gemm_cost(8192, 28672 * 2, F, B, P)
+    tile = P.gemm_tile_rows
+    full, next_row = cost.seconds(2 * tile), cost.seconds(2 * tile + 1)
+    assert full < 1.05 * cost.seconds(tile + 1)
+    assert next_row > 1.15 * full
+
+
+def test_gemm_compute_goes_by_waves_of_tiles() -> None:
+    """With HBM out of the way (bandwidth ~ infinite) a GEMM too narrow to fill the GPU
+    costs one wave for every row count whose tiles fit on the SMs at once."""
+    p = dataclasses.replace(P, gemm_tile_rows=128, gemm_tile_cols=128, gemm_wave_tiles=132)
+    cost = gemm_cost(4096, 1024, F, 1e30, p)  # 8 column tiles: 16 row tiles a wave
+    one_wave = cost.seconds(1.0)
+    assert cost.seconds(16 * 128.0) == pytest.approx(one_wave, rel=1e-9)
+    assert cost.seconds(16 * 128.0 + 1) - p.gemm_launch_s == pytest.approx(
+        2 * (one_wave - p.gemm_launch_s), rel=1e-9)
+
+
 def test_decode_attention_is_bandwidth_bound_and_grows_with_kv() -> None:
     dims = model_dims(get_model("llama-3-8b"), 1)
     kv_bytes_per_token = 2 * dims.kv_dim * 2
     flops_per_pair = 4 * dims.q_dim
-    times = [attention_s(64 * kv * flops_per_pair, 64 * kv * kv_bytes_per_token, F, B, P)
+    times = [decode_attention_s(64 * kv * flops_per_pair, 64 * kv * kv_bytes_per_token, F, B, P)
              for kv in (1024, 4096, 16384)]
     assert times[0] < times[1] < times[2]
     big = 64 * 16384 * kv_bytes_per_token / (B * P.attention_bandwidth_efficiency)
-    assert times[2] == pytest.approx(big + P.attention_launch_s, rel=1e-3)
+    assert times[2] == pytest.approx(big + P.decode_attention_launch_s, rel=1e-3)
+
+
+def test_attention_kernels_take_at_least_their_minimum_and_prefill_its_launch() -> None:
+    assert decode_attention_s(1.0, 1.0, F, B, P) == P.attention_min_s
+    assert prefill_attention_s(1.0, 1.0, F, B, P) == pytest.approx(
+        max(P.attention_min_s, P.prefill_attention_launch_s), rel=1e-6)
+    flops = 4096 * 4096 / 2 * 4 * 4096  # a 4k prompt's causal pairs, 32 heads x 128
+    compute = flops / (F * P.attention_compute_efficiency)
+    assert prefill_attention_s(flops, 4096 * 2048.0, F, B, P) == pytest.approx(
+        P.prefill_attention_launch_s + compute, rel=1e-9)
 
 
 def test_cpu_overhead_has_a_step_and_a_sequence_term() -> None:
@@ -75,7 +108,8 @@ def test_cpu_overhead_has_a_step_and_a_sequence_term() -> None:
 
 @pytest.mark.parametrize(("field", "value"), [
     ("bandwidth_efficiency", 1.2), ("compute_efficiency", 0.0), ("transition_sharpness", 0.5),
-    ("gemm_launch_s", -1e-6), ("cpu_seq_s", float("inf")),
+    ("gemm_launch_s", -1e-6), ("cpu_seq_s", float("inf")), ("gemm_tile_rows", 0.0),
+    ("gemm_wave_tiles", float("inf")), ("attention_min_s", -1.0),
 ])
 def test_bad_constants_are_refused(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
@@ -97,3 +131,22 @@ def test_the_simulators_float_path_is_the_law() -> None:
     rows = np.array([0.0, 1.0, 37.0, 128.0, 500.0, 4096.0, 65536.0])
     assert [cost.seconds(float(r)) for r in rows] == pytest.approx(list(cost(rows)), rel=1e-12)
     assert cost.seconds(64.0) == pytest.approx(gemm_s(64.0, 4096, 28672, F, B, P), rel=1e-12)
+
+
+def test_the_simulators_attention_path_is_the_law() -> None:
+    """AttentionCost.seconds (plain floats) equals decode/prefill_attention_s, both regimes."""
+    per_pair, per_token = 4 * 4096.0, 2 * 1024 * 2.0
+    decode, prefill = attention_costs(per_pair, per_token, F, B, P)
+    for pairs, kv in ((1.0, 1.0), (64 * 4097.0, 64 * 4097.0), (8e6, 4096.0)):
+        assert decode.seconds(pairs, kv) == pytest.approx(
+            decode_attention_s(pairs * per_pair, kv * per_token, F, B, P), rel=1e-12)
+        assert prefill.seconds(pairs, kv) == pytest.approx(
+            prefill_attention_s(pairs * per_pair, kv * per_token, F, B, P), rel=1e-12)
+
+
+def test_a_custom_gpu_pads_to_tiles_but_runs_no_waves() -> None:
+    """Its SM count is unknown: a wave of hopper's 132 would price a narrow GEMM's few tiles
+    at 1/132 of its peak each."""
+    assert params_for("my-gpu") == dataclasses.replace(FAMILIES["hopper"], gemm_wave_tiles=1.0)
+    assert params_for("h100-sxm") is FAMILIES["hopper"]
+    assert "without waves" in family_of("my-gpu")[1]

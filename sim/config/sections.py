@@ -149,7 +149,7 @@ class LatencyConfig(StrictModel):
         "reaches (default: the GPU family's fit, ~0.7)")
     bandwidth_efficiency: float | None = Field(
         None, gt=0.0, le=1.0, description="roofline: share of memory bandwidth a GEMM's "
-        "weight read reaches (default: the GPU family's fit, 0.84-0.94)")
+        "weight read reaches (default: the GPU family's fit, 0.91-0.95)")
 
     def problem(self) -> str | None:
         """A 'latency.<field>: why' message when the options do not suit `model`."""

@@ -2,8 +2,9 @@
 
 Needs nothing but a ModelSpec and a HardwareSpec, so it is the default when no
 calibration table exists. The terms (sim.latency.roofline_terms) price every
-layer's GEMMs (a soft maximum of weight-read and compute time, with a launch
-each and a tile's worth of rows), its small kernels and its attention, then
+layer's GEMMs (a soft maximum of weight-read time and compute by waves of
+padded tiles, with a launch each), its small kernels and its attention (a
+decode kernel and a prefill kernel, each where the step has them), then
 lm_head and sampling once, a CPU overhead per step and per sequence, and the
 tensor-parallel all-reduces. Their constants are fitted per GPU family on
 published A100 and H100 kernel timings (`python -m calibrate.fit_roofline`);
@@ -54,10 +55,11 @@ from sim.config.specs import HardwareSpec, ModelSpec, check_ep, check_tp
 from sim.core.plan import StepShape
 from sim.latency.roofline_layers import Gemm, LayerGroup, layer_groups, model_dims
 from sim.latency.roofline_terms import (
+    AttentionCost,
     GemmCost,
     LayerDims,
     RooflineParams,
-    attention_s,
+    attention_costs,
     cpu_overhead_s,
     gemm_cost,
     params_for,
@@ -112,6 +114,8 @@ class RooflineLatency:
     _dims: LayerDims = field(init=False, repr=False, compare=False)
     _groups: tuple[_PricedGroup, ...] = field(init=False, repr=False, compare=False)
     _lm_head: GemmCost = field(init=False, repr=False, compare=False)
+    _decode_attention: AttentionCost = field(init=False, repr=False, compare=False)
+    _prefill_attention: AttentionCost = field(init=False, repr=False, compare=False)
     _act_bytes: float = field(init=False, repr=False, compare=False)
     _attn_layers: int = field(init=False, repr=False, compare=False)
     _sliding_share: float = field(init=False, repr=False, compare=False)
@@ -157,6 +161,10 @@ class RooflineLatency:
         # Two all-reduces per layer (after attention and after the MLP); under ep a MoE
         # layer's second is an all-to-all instead.
         reduces = 2 * m.num_layers - (m.moe_layers if ep > 1 else 0)
+        attn_flops_per_pair = attention_flops_per_pair(m, tp) / attn_layers  # one layer
+        kv_bytes = layer_bytes_per_token(m, tp)  # one attending layer
+        decode_attention, prefill_attention = attention_costs(
+            attn_flops_per_pair, kv_bytes, hw.bf16_flops_per_s, bw, params)
         values = {
             "_p": params,
             "_dims": dims,
@@ -168,8 +176,10 @@ class RooflineLatency:
             "_act_bytes": act,
             "_attn_layers": attn_layers,
             "_sliding_share": counts["sliding"] / attn_layers,
-            "_attn_flops_per_pair": attention_flops_per_pair(m, tp) / attn_layers,  # one layer
-            "_kv_bytes_per_token": layer_bytes_per_token(m, tp),  # one attending layer
+            "_decode_attention": decode_attention,
+            "_prefill_attention": prefill_attention,
+            "_attn_flops_per_pair": attn_flops_per_pair,
+            "_kv_bytes_per_token": kv_bytes,
             "_flops_per_s": hw.bf16_flops_per_s,
             "_bytes_per_s": bw,
             "_allreduce_bytes_per_token": reduces * m.hidden_size * act if multi_gpu else 0.0,
@@ -192,31 +202,34 @@ class RooflineLatency:
             return context_tokens
         return attended_tokens(self.model, context_tokens, sequences)
 
-    def _counts(self, shape: StepShape) -> tuple[float, float, float, float, float]:
-        """Token rows, query-key pairs and KV tokens touched (per attending layer),
-        sequences, logit rows."""
+    def _counts(self, shape: StepShape) -> tuple[float, tuple[float, float],
+                                                 tuple[float, float], float, float]:
+        """Token rows; (query-key pairs, KV tokens touched) per attending layer of the
+        decodes' kernel and of the prefill chunks' kernel; sequences; logit rows."""
         prefill_tokens = 0
-        pairs = 0.0  # query-key pairs attended, summed over the step
+        prefill_pairs = prefill_kv = 0.0
         decodes = shape.num_decodes
         decode_context = self._attended(shape.decode_context_sum, decodes)
-        kv_read_tokens = decode_context
         for chunk, context in zip(shape.prefill_chunk_tokens, shape.prefill_context_tokens,
                                   strict=True):
             prefill_tokens += chunk
             seen = self._attended(context, 1)
-            pairs += chunk * seen + chunk * (chunk + 1) * 0.5  # causal within the chunk
-            kv_read_tokens += seen
-        pairs += decode_context + decodes  # each decode also attends to itself
+            prefill_pairs += chunk * seen + chunk * (chunk + 1) * 0.5  # causal in the chunk
+            prefill_kv += seen + chunk
+        decode_pairs = 0.0
+        decode_pairs += decode_context + decodes  # each decode also attends to itself
         seqs = len(shape.prefill_chunk_tokens) + decodes
         padding = max(0, shape.padded_batch - seqs)  # padded slots cost matmuls, not attention
         drafts = shape.num_spec_tokens
         if drafts:  # draft positions: over the context, after the last token and each other
             mean_k = drafts / shape.num_spec_decodes
-            pairs += (mean_k * self._attended(shape.spec_context_sum, shape.num_spec_decodes)
-                      + drafts * (mean_k + 3) * 0.5)
+            decode_pairs += (mean_k * self._attended(shape.spec_context_sum,
+                                                     shape.num_spec_decodes)
+                             + drafts * (mean_k + 3) * 0.5)
         rows = prefill_tokens + decodes + drafts + padding
-        kv_tokens = kv_read_tokens + prefill_tokens + decodes + drafts
-        return float(rows), pairs, float(kv_tokens), float(seqs), float(seqs + padding + drafts)
+        decode_kv = float(decode_context + decodes + drafts)
+        return (float(rows), (decode_pairs, decode_kv), (prefill_pairs, prefill_kv),
+                float(seqs), float(seqs + padding + drafts))
 
     def _experts(self, rows: float) -> tuple[float, float]:
         """Routed experts a MoE layer touches on the busiest GPU, and each one's rows."""
@@ -255,21 +268,26 @@ class RooflineLatency:
                 self.ep) / self.hardware.interconnect_bandwidth_bytes_per_s
         return seconds
 
+    def _attention_s(self, decode: tuple[float, float], prefill: tuple[float, float]
+                     ) -> float:
+        """Every attending layer's decode kernel and prefill kernel (each where it runs)."""
+        seconds = self._decode_attention.seconds(*decode) if decode[0] else 0.0
+        if prefill[0]:
+            seconds += self._prefill_attention.seconds(*prefill)
+        return self._attn_layers * seconds
+
     def _parts(self, shape: StepShape) -> tuple[float, ...]:
         """Every priced part of one step in PARTS' order, seconds (empty: nothing runs)."""
-        rows, pairs, kv_tokens, seqs, logit_rows = self._counts(shape)
+        rows, decode, prefill, seqs, logit_rows = self._counts(shape)
         if rows == 0:
             return ()
         p, dims, b = self._p, self._dims, self._bytes_per_s
-        attention = self._attn_layers * attention_s(
-            pairs * self._attn_flops_per_pair, kv_tokens * self._kv_bytes_per_token,
-            self._flops_per_s, b, p) if pairs else 0.0
         small = 0.0
         for g in self._groups:
             small += g.group.layers * small_kernels_s(g.group.dims, rows, b, p, self._act_bytes)
         return (self._gemms_s(rows),
                 small,
-                attention,
+                self._attention_s(decode, prefill),
                 self._lm_head.seconds(logit_rows) + sampling_s(dims, logit_rows, b, p),
                 cpu_overhead_s(seqs, p),
                 self._collectives_s(rows))
@@ -323,14 +341,11 @@ class RooflineLatency:
         if not parts:
             return np.zeros(steps)
         gemms_s, small_s, _, lm_head_s, cpu_s, collectives_s = parts
-        n, p = shape.num_decodes, self._p
-        pair_flops, kv_bytes = self._attn_flops_per_pair, self._kv_bytes_per_token
-        flops_per_s, bytes_per_s, layers = self._flops_per_s, self._bytes_per_s, self._attn_layers
-        # attention_s and soft_max inlined (the hot loop of a run), operation for operation
-        launch_s = p.attention_launch_s
-        compute_rate = flops_per_s * p.attention_compute_efficiency
-        memory_rate = bytes_per_s * p.attention_bandwidth_efficiency
-        sharp, root = 64.0, 1.0 / 64.0
+        n, layers = shape.num_decodes, self._attn_layers
+        # _attention_s and AttentionCost.seconds inlined (the hot loop of a run), operation
+        # for operation
+        cost = self._decode_attention
+        launch_s, min_s, pair_s, token_s = cost.launch_s, cost.min_s, cost.pair_s, cost.token_s
         head = 0 + gemms_s + small_s  # sum()'s first two additions
         first = shape.decode_context_sum
         attended = self._attended if self._sliding_share else None
@@ -340,11 +355,9 @@ class RooflineLatency:
             pairs = 0.0 + (context + n)  # each decode also attends to itself
             attention = 0.0
             if pairs:
-                a = pairs * pair_flops / compute_rate
-                b = float(context + 0 + n + 0) * kv_bytes / memory_rate
-                hi = a if a >= b else b
-                soft = 0.0 if hi <= 0 else hi * ((a / hi) ** sharp + (b / hi) ** sharp) ** root
-                attention = layers * (launch_s + soft)
+                compute, memory = pairs * pair_s, float(context + n + 0) * token_s
+                t = launch_s + (compute if compute >= memory else memory)
+                attention = layers * (t if t >= min_s else min_s)
             out.append(head + attention + lm_head_s + cpu_s + collectives_s + 0.0)
         return np.array(out)
 
@@ -352,9 +365,10 @@ class RooflineLatency:
         """Every term of step_time (and the kernels' ideal compute and HBM time)."""
         parts = dict.fromkeys((*PARTS, "flops", "bytes", "compute_s", "memory_s"), 0.0)
         parts.update(zip(PARTS, self._parts(shape), strict=False))
-        rows, pairs, kv_tokens, _, logit_rows = self._counts(shape)
+        rows, decode, prefill, _, logit_rows = self._counts(shape)
         if rows:
-            parts.update(self._work(rows, pairs, kv_tokens, logit_rows))
+            parts.update(self._work(rows, decode[0] + prefill[0], decode[1] + prefill[1],
+                                    logit_rows))
         parts["swap_s"] = self.swap_time_s(shape)
         parts["total_s"] = self.step_time(shape)
         return parts

@@ -8,15 +8,18 @@ host spends time around every step (scheduling, input preparation, output
 processing), part of it per sequence. Each term here prices one of those:
 
 - a GEMM of `rows` x k @ k x n reads its weights and activations from HBM
-  and does 2 rows k n FLOPs, paying for at least a tile's rows more (its
-  compute efficiency rises with rows). Its time is the soft maximum
-  (t_mem^p + t_compute^p)^(1/p) of the two, plus a launch: with p finite
-  the GEMM leaves the memory-bound regime before the ideal crossover (real
-  kernels do: tiles and waves quantise), and p is fitted, not assumed;
+  and computes by waves of tiles: its rows padded up to whole tiles of
+  `gemm_tile_rows`, its columns to tiles of `gemm_tile_cols`, and the GPU
+  running `gemm_wave_tiles` (its SMs) of them at once. Its time is the soft
+  maximum (t_mem^p + t_compute^p)^(1/p) of the two, plus a launch: the
+  compute steps up at each new tile of rows (as measured kernels jump after
+  256 and 512 rows), and with p finite the GEMM leaves the memory-bound
+  regime before the ideal crossover; p and the tile shape are fitted;
 - small kernels: a per-layer constant (their launches) plus their
   activation bytes at the GEMMs' bandwidth;
-- attention per layer: a launch plus max(FLOPs over the query-key pairs,
-  KV bytes read), at its own efficiencies;
+- attention per layer: the decodes' kernel and the prefill chunks' kernel,
+  each a launch of its own plus max(FLOPs over its query-key pairs, KV
+  bytes read), at attention's efficiencies, and never under a minimum;
 - lm_head is a GEMM like any other; sampling reads and writes fp32 logits;
 - CPU overhead: a per-step and a per-sequence term (serial with the GPU, as
   in vLLM's engine loop).
@@ -24,7 +27,7 @@ processing), part of it per sequence. Each term here prices one of those:
 Prefill stays compute-bound and decode memory-bound because of the shapes:
 a step reads each weight once however many rows it multiplies.
 
-The constants come from `python benchmarks/fit_roofline.py`, which fits them
+The constants come from `python -m calibrate.fit_roofline`, which fits them
 per family on published kernel timings (calibration/measured/, Vidur,
 LLMServingSim, inference-sim) and prints the held-out models' errors.
 Every function is pure and works on floats and numpy arrays alike.
@@ -32,7 +35,9 @@ Every function is pure and works on floats and numpy arrays alike.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from math import ceil
 from types import MappingProxyType
 from typing import Any
 
@@ -49,12 +54,16 @@ class RooflineParams:
     bandwidth_efficiency: float  # a streaming GEMM weight read, share of datasheet HBM
     compute_efficiency: float  # a large GEMM, share of dense peak
     transition_sharpness: float  # p of the soft max between memory and compute time
-    gemm_tile_rows: float  # a GEMM computes as if over at least ~this many more rows (tiles)
+    gemm_tile_rows: float  # a GEMM's rows are padded up to whole tiles of this height
+    gemm_tile_cols: float  # ... and its columns to whole tiles of this width
+    gemm_wave_tiles: float  # tiles the GPU runs at once (its SMs): compute goes by waves
     gemm_launch_s: float  # fixed cost of every GEMM kernel
     layer_small_s: float  # per layer: norms, rope, activation, residual add (launches)
     attention_bandwidth_efficiency: float
     attention_compute_efficiency: float
-    attention_launch_s: float  # per layer
+    decode_attention_launch_s: float  # per layer, the decodes' kernel
+    prefill_attention_launch_s: float  # per layer, the prefill chunks' kernel
+    attention_min_s: float  # no attention kernel takes less
     cpu_step_s: float  # host time per step
     cpu_seq_s: float  # host time per sequence in the step
     fitted_on: str  # where the numbers come from
@@ -68,7 +77,12 @@ class RooflineParams:
         if not self.transition_sharpness >= 1:
             raise ValueError(f"transition_sharpness must be >= 1, "
                              f"got {self.transition_sharpness!r}")
-        for name in ("gemm_tile_rows", "gemm_launch_s", "layer_small_s", "attention_launch_s",
+        for name in ("gemm_tile_rows", "gemm_tile_cols", "gemm_wave_tiles"):
+            value = getattr(self, name)
+            if not (value > 0 and value < float("inf")):
+                raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+        for name in ("gemm_launch_s", "layer_small_s", "decode_attention_launch_s",
+                     "prefill_attention_launch_s", "attention_min_s",
                      "cpu_step_s", "cpu_seq_s"):
             value = getattr(self, name)
             if not (value >= 0 and value < float("inf")):
@@ -118,24 +132,30 @@ def soft_max(a: Any, b: Any, p: float) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class GemmCost:
-    """One GEMM's constants, derived once: time = launch + soft max(memory, compute)."""
+    """One GEMM's constants, derived once: time = launch + soft max(memory, compute).
+
+    Compute goes by waves: the rows padded to whole tiles, times the column tiles, make
+    the tiles; the GPU runs `wave_tiles` of them at once, each wave taking `wave_s`."""
 
     launch_s: float
     memory_s: float  # weights' read
     memory_s_per_row: float  # activations in and out
-    compute_s_per_row: float
     tile_rows: float
+    col_tiles: float  # tiles across the columns
+    wave_tiles: float
+    wave_s: float
     sharpness: float
 
     def __call__(self, rows: Any) -> Any:
+        waves = np.ceil(np.ceil(rows / self.tile_rows) * self.col_tiles / self.wave_tiles)
         return self.launch_s + soft_max(self.memory_s + rows * self.memory_s_per_row,
-                                        (rows + self.tile_rows) * self.compute_s_per_row,
-                                        self.sharpness)
+                                        waves * self.wave_s, self.sharpness)
 
     def seconds(self, rows: float) -> float:
         """`self(rows)` for one float, in plain arithmetic: the simulator's hot path."""
         memory = self.memory_s + rows * self.memory_s_per_row
-        compute = (rows + self.tile_rows) * self.compute_s_per_row
+        compute = ceil(ceil(rows / self.tile_rows) * self.col_tiles / self.wave_tiles
+                       ) * self.wave_s
         p = self.sharpness
         if memory >= compute:
             return self.launch_s + memory * (1.0 + (compute / memory) ** p) ** (1.0 / p)
@@ -149,13 +169,16 @@ def gemm_cost(k: float, n: float, flops_per_s: float, bytes_per_s: float,
 
     `weight_bytes` per stored weight element (a quantised dtype's, scales included) and
     `act_bytes` per activation element in and out; `flops_per_s` the rate its dtype's
-    matmul runs at; `tile_scale` scales the fitted (bf16) tile rows for another dtype
+    matmul runs at; `tile_scale` scales the fitted (bf16) tile height for another dtype
     (see sim.latency.roofline_layers.Gemm.tile_scale)."""
     bandwidth = bytes_per_s * params.bandwidth_efficiency
+    tile_rows = params.gemm_tile_rows * tile_scale
+    tile_cols = min(params.gemm_tile_cols, n)
+    wave_flops = params.gemm_wave_tiles * tile_rows * tile_cols * 2.0 * k
     return GemmCost(params.gemm_launch_s, k * n * weight_bytes / bandwidth,
-                    (k + n) * act_bytes / bandwidth,
-                    2.0 * k * n / (flops_per_s * params.compute_efficiency),
-                    params.gemm_tile_rows * tile_scale, params.transition_sharpness)
+                    (k + n) * act_bytes / bandwidth, tile_rows, ceil(n / tile_cols),
+                    params.gemm_wave_tiles, wave_flops / (flops_per_s * params.compute_efficiency),
+                    params.transition_sharpness)
 
 
 def gemm_s(rows: Any, k: float, n: float, flops_per_s: float, bytes_per_s: float,
@@ -178,12 +201,61 @@ def small_kernels_s(dims: LayerDims, rows: Any, bytes_per_s: float, params: Roof
         bytes_per_s * params.bandwidth_efficiency)
 
 
-def attention_s(pair_flops: Any, kv_bytes: Any, flops_per_s: float, bytes_per_s: float,
-                params: RooflineParams) -> Any:
-    """One layer's attention kernel: launch + max(FLOPs over its pairs, KV bytes read)."""
-    return params.attention_launch_s + soft_max(
-        pair_flops / (flops_per_s * params.attention_compute_efficiency),
-        kv_bytes / (bytes_per_s * params.attention_bandwidth_efficiency), 64.0)
+def _max(a: Any, b: Any) -> Any:
+    if isinstance(a, float | int) and isinstance(b, float | int):
+        return a if a >= b else b
+    return np.maximum(a, b)
+
+
+def _attention_s(pair_flops: Any, kv_bytes: Any, flops_per_s: float, bytes_per_s: float,
+                 params: RooflineParams, launch_s: float) -> Any:
+    work = _max(pair_flops / (flops_per_s * params.attention_compute_efficiency),
+                kv_bytes / (bytes_per_s * params.attention_bandwidth_efficiency))
+    return _max(params.attention_min_s, launch_s + work)
+
+
+def decode_attention_s(pair_flops: Any, kv_bytes: Any, flops_per_s: float, bytes_per_s: float,
+                       params: RooflineParams) -> Any:
+    """One layer's decode attention kernel (the step's decodes together): at least
+    attention_min_s, else its launch + max(FLOPs over its pairs, KV bytes read)."""
+    return _attention_s(pair_flops, kv_bytes, flops_per_s, bytes_per_s, params,
+                        params.decode_attention_launch_s)
+
+
+def prefill_attention_s(pair_flops: Any, kv_bytes: Any, flops_per_s: float,
+                        bytes_per_s: float, params: RooflineParams) -> Any:
+    """One layer's prefill attention kernel (the step's chunks together), the same law with
+    its own launch: a prefill kernel is a longer pipeline (query tiles, causal masking)."""
+    return _attention_s(pair_flops, kv_bytes, flops_per_s, bytes_per_s, params,
+                        params.prefill_attention_launch_s)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionCost:
+    """One layer's attention kernel of one kind (decode or prefill) on one model, derived
+    once: the law of decode_attention_s / prefill_attention_s in plain float arithmetic."""
+
+    launch_s: float
+    min_s: float
+    pair_s: float  # compute per query-key pair
+    token_s: float  # HBM read per KV token
+
+    def seconds(self, pairs: float, kv_tokens: float) -> float:
+        compute, memory = pairs * self.pair_s, kv_tokens * self.token_s
+        t = self.launch_s + (compute if compute >= memory else memory)
+        return t if t >= self.min_s else self.min_s
+
+
+def attention_costs(flops_per_pair: float, kv_bytes_per_token: float, flops_per_s: float,
+                    bytes_per_s: float, params: RooflineParams
+                    ) -> tuple[AttentionCost, AttentionCost]:
+    """(decode, prefill) kernels of a layer with these FLOPs per pair and KV bytes per token."""
+    pair_s = flops_per_pair / (flops_per_s * params.attention_compute_efficiency)
+    token_s = kv_bytes_per_token / (bytes_per_s * params.attention_bandwidth_efficiency)
+    return (AttentionCost(params.decode_attention_launch_s, params.attention_min_s, pair_s,
+                          token_s),
+            AttentionCost(params.prefill_attention_launch_s, params.attention_min_s, pair_s,
+                          token_s))
 
 
 def lm_head_s(dims: LayerDims, seqs: Any, flops_per_s: float, bytes_per_s: float,
@@ -210,22 +282,25 @@ def cpu_overhead_s(seqs: Any, params: RooflineParams) -> Any:
 # inference-sim a410740). Attention and CPU terms: see each family's fitted_on.
 FAMILIES: MappingProxyType[str, RooflineParams] = MappingProxyType({
     "ampere": RooflineParams(
-        "ampere", bandwidth_efficiency=0.838, compute_efficiency=0.7148,
-        transition_sharpness=3.177, gemm_tile_rows=53.49, gemm_launch_s=6.271e-06,
-        layer_small_s=2.154e-05,
-        attention_bandwidth_efficiency=0.9523, attention_compute_efficiency=0.7118,
-        attention_launch_s=2.108e-05, cpu_step_s=0.001433, cpu_seq_s=4.13e-05,
+        "ampere", bandwidth_efficiency=0.9093, compute_efficiency=0.7051,
+        transition_sharpness=2.085, gemm_tile_rows=64, gemm_tile_cols=32, gemm_wave_tiles=108,
+        gemm_launch_s=4.737e-06, layer_small_s=1.882e-05,
+        attention_bandwidth_efficiency=0.9239, attention_compute_efficiency=0.7295,
+        decode_attention_launch_s=1.474e-05, prefill_attention_launch_s=2.732e-05,
+        attention_min_s=2.38e-05, cpu_step_s=0.001433, cpu_seq_s=4.13e-05,
         fitted_on="A100 stacks: Vidur Llama-2-7B/70B, Qwen-72B, Llama-3-8B, phi-2 (tp 1-2); "
-                  "attention: the hopper fit; CPU: Vidur A100 host overheads"),
+                  "waves of 108 tiles (A100's SMs); attention: the hopper fit; CPU: Vidur "
+                  "A100 host overheads"),
     "hopper": RooflineParams(
-        "hopper", bandwidth_efficiency=0.9207, compute_efficiency=0.7065,
-        transition_sharpness=8.471, gemm_tile_rows=128.8, gemm_launch_s=5.521e-06,
-        layer_small_s=2.209e-05,
-        attention_bandwidth_efficiency=0.9523, attention_compute_efficiency=0.7118,
-        attention_launch_s=2.108e-05, cpu_step_s=0.001433, cpu_seq_s=4.13e-05,
-        fitted_on="H100 stacks: Vidur Llama-2-7B/70B, Qwen-72B, phi-2 (tp 1-2); attention: "
-                  "inference-sim H100 decode and prefill; CPU: Vidur A100 host overheads "
-                  "(no H100 host data)"),
+        "hopper", bandwidth_efficiency=0.95, compute_efficiency=0.6825,
+        transition_sharpness=2.433, gemm_tile_rows=128, gemm_tile_cols=32, gemm_wave_tiles=132,
+        gemm_launch_s=4.414e-06, layer_small_s=1.775e-05,
+        attention_bandwidth_efficiency=0.9239, attention_compute_efficiency=0.7295,
+        decode_attention_launch_s=1.474e-05, prefill_attention_launch_s=2.732e-05,
+        attention_min_s=2.38e-05, cpu_step_s=0.001433, cpu_seq_s=4.13e-05,
+        fitted_on="H100 stacks: Vidur Llama-2-7B/70B, Qwen-72B, phi-2 (tp 1-2); waves of 132 "
+                  "tiles (H100's SMs); attention: inference-sim H100 decode and prefill; CPU: "
+                  "Vidur A100 host overheads (no H100 host data)"),
 })
 
 # Catalogue GPU -> (family, why): a GPU without measured kernels takes its nearest family.
@@ -253,8 +328,15 @@ DEFAULT_FAMILY = "hopper"
 def family_of(gpu_name: str) -> tuple[str, str]:
     """(family, why) for a GPU; a custom one takes the default family and says so."""
     return GPU_FAMILIES.get(gpu_name, (DEFAULT_FAMILY, f"custom GPU: the {DEFAULT_FAMILY} "
-                                                       f"family's fit"))
+                                                       f"family's fit, without waves (its "
+                                                       f"SMs are unknown)"))
 
 
 def params_for(gpu_name: str) -> RooflineParams:
-    return FAMILIES[family_of(gpu_name)[0]]
+    """The family's fit. A custom GPU's SM count is unknown, and a wave of the family's
+    would price each of its tiles at a share of its peak that it may not have (a CPU-sized
+    device would pay for 132 SMs it lacks): its GEMMs pad to tiles but run no waves."""
+    params = FAMILIES[family_of(gpu_name)[0]]
+    if gpu_name in GPU_FAMILIES:
+        return params
+    return dataclasses.replace(params, gemm_wave_tiles=1.0)
