@@ -50,6 +50,7 @@ class StepFailed(Exception):
 class Context:
     work: Path  # scratch results, absolute
     stamp: str  # machine and commit, computed once before anything is written
+    readme: Path  # the README whose quoted runs are refreshed (a copy, in the tests)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,17 +88,14 @@ def run_and_show(*args: str, ok: Sequence[int] = (0,)) -> str:
     return shown(args, servesim(*args, ok=ok))
 
 
-README = REPO / "README.md"
-
-
-def refresh_readme(command_line: str, output: str) -> None:
+def refresh_readme(readme: Path, command_line: str, output: str) -> None:
     """Replace what the README shows under `$ command_line` with `output` (the same fenced
     block, the same command line): the README quotes runs, and tests hold it to them."""
-    text = README.read_text()
+    text = readme.read_text()
     head = f"$ {command_line}\n"
     start = text.index(head) + len(head)
     end = text.index("```", start)
-    README.write_text(text[:start] + output.rstrip("\n") + "\n" + text[end:])
+    readme.write_text(text[:start] + output.rstrip("\n") + "\n" + text[end:])
 
 
 # -- the steps ----------------------------------------------------------------------
@@ -108,7 +106,7 @@ README_CAPACITY = ("capacity", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--
 
 def capacity(ctx: Context) -> str:
     sheet = servesim(*README_CAPACITY)
-    refresh_readme("servesim " + " ".join(README_CAPACITY), sheet)
+    refresh_readme(ctx.readme, "servesim " + " ".join(README_CAPACITY), sheet)
     return "\n".join([
         shown(README_CAPACITY, sheet),
         run_and_show("capacity", "--model", "llama-3.1-8b", "--context", "128k", "--batch", "1"),
@@ -125,7 +123,7 @@ def quickstart(ctx: Context) -> str:
     out = ctx.work / "quickstart"
     text = run_and_show("run", "scenarios/quickstart.yaml", "--timeline", "6", "--out", str(out))
     printed = text.split("\n", 2)[2].rsplit("```", 1)[0]  # the output, without the fence
-    refresh_readme("servesim run scenarios/quickstart.yaml",
+    refresh_readme(ctx.readme, "servesim run scenarios/quickstart.yaml",
                    printed.replace(str(out), "results/quickstart"))
     publish(out / "latency_cdf.png", "docs/quickstart_latency_cdf.png")
     publish(out / "timeseries.png", "docs/quickstart_timeseries.png")
@@ -412,6 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="scratch directory for the runs (default results/regenerate)")
     parser.add_argument("--figures", default=str(FIGURES),
                         help=f"the figures file to update (default {FIGURES})")
+    parser.add_argument("--readme", default="README.md",
+                        help="the README whose quoted runs to refresh (default README.md)")
     args = parser.parse_args(argv)
     try:
         steps = choose(args.only, args.skip)
@@ -423,7 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{s.name:<15} {s.cost:>7}  {s.what}; writes "
                   f"{', '.join((*s.publishes, args.figures))}")
         return 0
-    ctx = Context(work=(REPO / args.work).resolve(), stamp=provenance())
+    ctx = Context(work=(REPO / args.work).resolve(), stamp=provenance(),
+                  readme=(REPO / args.readme).resolve())
     ctx.work.mkdir(parents=True, exist_ok=True)
     figures = REPO / args.figures
     sections = read_sections(figures.read_text()) if figures.is_file() else {}

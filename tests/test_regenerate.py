@@ -57,8 +57,10 @@ def test_sections_round_trip_and_keep_step_order() -> None:
 def test_a_step_run_alone_replaces_only_its_own_section(tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]
                                                         ) -> None:
-    figures = tmp_path / "figures.md"
-    argv = ["--work", str(tmp_path / "work"), "--figures", str(figures)]
+    figures, readme = tmp_path / "figures.md", tmp_path / "README.md"
+    readme.write_text((ROOT / "README.md").read_text())
+    before = (ROOT / "README.md").read_bytes()
+    argv = ["--work", str(tmp_path / "work"), "--figures", str(figures), "--readme", str(readme)]
     assert regenerate.main(["--only", "capacity", *argv]) == 0
     first = regenerate.read_sections(figures.read_text())
     assert set(first) == {"capacity"}
@@ -74,3 +76,5 @@ def test_a_step_run_alone_replaces_only_its_own_section(tmp_path: Path,
     assert "docs/tokens_sample.txt: one text" in both["tokens"]
     out = capsys.readouterr().out
     assert "[1/1] capacity: done in" in out and "[1/1] tokens: done in" in out
+    assert (ROOT / "README.md").read_bytes() == before  # only the copy was refreshed
+    assert "$ servesim capacity --model llama-3-8b" in readme.read_text()
