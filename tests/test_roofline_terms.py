@@ -150,3 +150,28 @@ def test_a_custom_gpu_pads_to_tiles_but_runs_no_waves() -> None:
     assert params_for("my-gpu") == dataclasses.replace(FAMILIES["hopper"], gemm_wave_tiles=1.0)
     assert params_for("h100-sxm") is FAMILIES["hopper"]
     assert "without waves" in family_of("my-gpu")[1]
+
+
+def test_each_catalogue_gpu_runs_its_waves_as_wide_as_its_own_sms() -> None:
+    """The family's fit, but an L4's tiles go 58 at a time, not Ampere's 108: a GEMM of a
+    few waves takes longer on it than on an A100 at the same FLOP/s."""
+    from sim.config.catalogue import HARDWARE
+
+    for name, hw in HARDWARE.items():
+        assert hw.sm_count > 0, name
+        assert params_for(name, hw.sm_count).gemm_wave_tiles == hw.sm_count
+    a100, l4 = HARDWARE["a100-80gb"], HARDWARE["l4"]
+    assert params_for(a100.name, a100.sm_count) == FAMILIES["ampere"]  # what was fitted
+    rows = 2048.0
+    wide = gemm_cost(4096, 4096, F, B, params_for("l4", 108)).seconds(rows)
+    narrow = gemm_cost(4096, 4096, F, B, params_for("l4", l4.sm_count)).seconds(rows)
+    assert narrow > wide
+    assert "58 SMs" in family_of("my-gpu", 58)[1]
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "132"])
+def test_a_bad_sm_count_is_refused(value: object) -> None:
+    from sim.config.catalogue import HARDWARE
+
+    with pytest.raises(ValueError, match="sm_count"):
+        dataclasses.replace(HARDWARE["h100-sxm"], sm_count=value)

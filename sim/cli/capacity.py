@@ -234,7 +234,7 @@ def _roofline_decode(model: ModelSpec, hw: HardwareSpec, tp: int, ep: int, r: di
     batch, ctx = r["batch_size"], r["context_tokens"]
     parts = roofline.breakdown(StepShape(num_decodes=batch, decode_context_sum=batch * ctx,
                                          decode_context_max=ctx, padded_batch=batch))
-    family, why = family_of(hw.name)
+    family, why = family_of(hw.name, hw.sm_count)
     return {"roofline_decode_step_s": parts["total_s"], "roofline_cpu_s": parts["overhead_s"],
             "roofline_family": family, "roofline_family_why": why}
 

@@ -66,56 +66,57 @@ _GIB = 1024**3
 # capacities are binary (80 GB parts expose ~80 GiB). Vendors quote NVLink/Infinity
 # Fabric/PCIe as both directions summed; we store one direction, which is what a ring
 # all-reduce or a host copy can use. Fields: bf16 FLOP/s, memory, HBM bandwidth,
-# GPU-to-GPU, host link, then fp8, int8 and fp4 FLOP/s (0 = no such tensor cores).
+# GPU-to-GPU, host link, then fp8, int8 and fp4 FLOP/s (0 = no such tensor cores), and
+# the SM count (AMD: compute units) from the same datasheet or its architecture paper.
 HARDWARE: Mapping[str, HardwareSpec] = MappingProxyType({
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): NVLink 900 GB/s, PCIe Gen5 128 GB/s
     "h100-sxm": HardwareSpec("h100-sxm", 989.4e12, 80 * _GIB, 3.35e12, 450e9, 64e9,
-                             1978.9e12, 1978.9e12),
+                             1978.9e12, 1978.9e12, sm_count=132),
     # same datasheet, PCIe card: NVLink bridge 600 GB/s, HBM2e 2.0 TB/s
     "h100-pcie": HardwareSpec("h100-pcie", 756.0e12, 80 * _GIB, 2.0e12, 300e9, 64e9,
-                              1513e12, 1513e12),
+                              1513e12, 1513e12, sm_count=114),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): H100's compute, 141 GB HBM3e at 4.8 TB/s
     "h200": HardwareSpec("h200", 989.4e12, 141 * _GIB, 4.8e12, 450e9, 64e9,
-                         1978.9e12, 1978.9e12),
+                         1978.9e12, 1978.9e12, sm_count=132),
     # NVIDIA A100 datasheet (SXM4 80GB): no fp8; NVLink 600 GB/s, PCIe Gen4 64 GB/s
     "a100-80gb": HardwareSpec("a100-80gb", 312e12, 80 * _GIB, 2.039e12, 300e9, 32e9,
-                              0.0, 624e12),
+                              0.0, 624e12, sm_count=108),
     # same datasheet, SXM4 40GB: HBM2 at 1.555 TB/s
     "a100-40gb": HardwareSpec("a100-40gb", 312e12, 40 * _GIB, 1.555e12, 300e9, 32e9,
-                              0.0, 624e12),
+                              0.0, 624e12, sm_count=108),
     # NVIDIA L40S datasheet: no NVLink, peers over PCIe Gen4 x16; GDDR6 with ECC ~48e9 B
-    "l40s": HardwareSpec("l40s", 362.05e12, 48e9, 864e9, 32e9, 32e9, 733e12, 733e12),
+    "l40s": HardwareSpec("l40s", 362.05e12, 48e9, 864e9, 32e9, 32e9, 733e12, 733e12, sm_count=142),
     # NVIDIA L4 datasheet: 24 GB GDDR6 at 300 GB/s, PCIe Gen4 x16, no NVLink
-    "l4": HardwareSpec("l4", 121e12, 24e9, 300e9, 32e9, 32e9, 242.5e12, 242.5e12),
+    "l4": HardwareSpec("l4", 121e12, 24e9, 300e9, 32e9, 32e9, 242.5e12, 242.5e12, sm_count=58),
     # AWS publishes no A10G datasheet; NVIDIA A10 datasheet (the same GA102 part):
     # 24 GB GDDR6 at 600 GB/s, PCIe Gen4, no fp8
-    "a10g": HardwareSpec("a10g", 125e12, 24e9, 600e9, 32e9, 32e9, 0.0, 250e12),
+    "a10g": HardwareSpec("a10g", 125e12, 24e9, 600e9, 32e9, 32e9, 0.0, 250e12, sm_count=72),
     # NVIDIA Ada Lovelace architecture whitepaper (GeForce RTX 4090): bf16 and fp8 with
     # fp32 accumulate, int8; 24 GB GDDR6X at 1008 GB/s; no NVLink
     "rtx-4090": HardwareSpec("rtx-4090", 165.2e12, 24e9, 1008e9, 32e9, 32e9,
-                             330.3e12, 660.6e12),
+                             330.3e12, 660.6e12, sm_count=128),
     # NVIDIA HGX B200 datasheet, per GPU: 180 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s
     "b200": HardwareSpec("b200", 2.25e15, 180 * _GIB, 8.0e12, 900e9, 64e9,
-                         4.5e15, 4.5e15, 9e15),
+                         4.5e15, 4.5e15, 9e15, sm_count=148),
     # NVIDIA GB200 NVL72 datasheet divided by its 72 GPUs: 186 GB HBM3e at 8 TB/s each,
     # NVLink 5 1.8 TB/s, NVLink-C2C to Grace 900 GB/s
     "gb200": HardwareSpec("gb200", 2.5e15, 186 * _GIB, 8.0e12, 900e9, 450e9,
-                          5e15, 5e15, 10e15),
+                          5e15, 5e15, 10e15, sm_count=148),
     # NVIDIA HGX B300 (Blackwell Ultra) datasheet divided by its 8 GPUs: 288 GB HBM3e at
     # 8 TB/s; int8 was cut back on Blackwell Ultra and is not listed
     "b300": HardwareSpec("b300", 2.25e15, 288 * _GIB, 8.0e12, 900e9, 64e9,
-                         4.5e15, 0.0, 13.5e15),
+                         4.5e15, 0.0, 13.5e15, sm_count=160),
     # AMD Instinct MI300X data sheet: 192 GB HBM3 at 5.3 TB/s; 7 Infinity Fabric links
     # x 64 GB/s per direction; PCIe Gen5
     "mi300x": HardwareSpec("mi300x", 1307.4e12, 192 * _GIB, 5.3e12, 448e9, 64e9,
-                           2614.9e12, 2614.9e12),
+                           2614.9e12, 2614.9e12, sm_count=304),
     # AMD Instinct MI325X data sheet: MI300X's compute, 256 GB HBM3E at 6 TB/s
     "mi325x": HardwareSpec("mi325x", 1307.4e12, 256 * _GIB, 6.0e12, 448e9, 64e9,
-                           2614.9e12, 2614.9e12),
+                           2614.9e12, 2614.9e12, sm_count=304),
     # AMD Instinct MI355X data sheet: 288 GB HBM3E at 8 TB/s, MXFP4/MXFP6 cores;
     # 7 Infinity Fabric links x 76.8 GB/s per direction
     "mi355x": HardwareSpec("mi355x", 2516.6e12, 288 * _GIB, 8.0e12, 537.6e9, 64e9,
-                           5033.2e12, 5033.2e12, 10066.3e12),
+                           5033.2e12, 5033.2e12, 10066.3e12, sm_count=256),
 })
 
 

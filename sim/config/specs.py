@@ -196,10 +196,15 @@ class HardwareSpec:
     fp8_flops_per_s: float = 0.0
     int8_flops_per_s: float = 0.0
     fp4_flops_per_s: float = 0.0
+    sm_count: int = 0  # streaming multiprocessors (AMD: compute units); 0 = unknown
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+        if isinstance(self.sm_count, bool) or not isinstance(self.sm_count, int) \
+                or self.sm_count < 0:
+            raise ValueError(f"sm_count must be a whole number >= 0 (0 = unknown), got "
+                             f"{self.sm_count!r}")
         for f in dataclasses.fields(self)[1:6]:
             check_positive(f.name, getattr(self, f.name))
         for f in dataclasses.fields(self)[6:]:

@@ -146,7 +146,7 @@ class RooflineLatency:
                                        ("compute_efficiency", self.compute_efficiency),
                                        ("bandwidth_efficiency", self.bandwidth_efficiency))
                      if v is not None}
-        params = dataclasses.replace(self.params or params_for(hw.name), **overrides)
+        params = dataclasses.replace(self.params or params_for(hw.name, hw.sm_count), **overrides)
         dims = model_dims(m, tp)
         act = m.carrier.bytes_per_element
         bw = hw.memory_bandwidth_bytes_per_s

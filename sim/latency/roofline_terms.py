@@ -325,18 +325,24 @@ GPU_FAMILIES: MappingProxyType[str, tuple[str, str]] = MappingProxyType({
 DEFAULT_FAMILY = "hopper"
 
 
-def family_of(gpu_name: str) -> tuple[str, str]:
+def family_of(gpu_name: str, sm_count: int = 0) -> tuple[str, str]:
     """(family, why) for a GPU; a custom one takes the default family and says so."""
+    waves = f"in waves of its {sm_count} SMs" if sm_count else "without waves (its SMs are " \
+                                                              "unknown)"
     return GPU_FAMILIES.get(gpu_name, (DEFAULT_FAMILY, f"custom GPU: the {DEFAULT_FAMILY} "
-                                                       f"family's fit, without waves (its "
-                                                       f"SMs are unknown)"))
+                                                       f"family's fit, {waves}"))
 
 
-def params_for(gpu_name: str) -> RooflineParams:
-    """The family's fit. A custom GPU's SM count is unknown, and a wave of the family's
-    would price each of its tiles at a share of its peak that it may not have (a CPU-sized
-    device would pay for 132 SMs it lacks): its GEMMs pad to tiles but run no waves."""
+def params_for(gpu_name: str, sm_count: int = 0) -> RooflineParams:
+    """The family's fit, its waves as wide as this GPU's SMs (`sm_count`, 0 = unknown).
+
+    A catalogue GPU names its SM count, so an L4 runs its GEMM tiles 58 at a time, not
+    its family's 108. A custom GPU of unknown SMs pads its GEMMs to tiles but runs no
+    waves: a wave of the family's would price each tile at a share of a peak it may not
+    have (a CPU-sized device would pay for 132 SMs it lacks)."""
     params = FAMILIES[family_of(gpu_name)[0]]
+    if sm_count:
+        return dataclasses.replace(params, gemm_wave_tiles=float(sm_count))
     if gpu_name in GPU_FAMILIES:
         return params
     return dataclasses.replace(params, gemm_wave_tiles=1.0)
