@@ -36,14 +36,17 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import compress
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from sim.core.plan import StepPlan, StepShape
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.observe.trace import RequestTracer, WaitClock
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # the parts, in the order they are printed; they sum to ttft_ms
 TTFT_PARTS = ("ttft_queue_ms", "ttft_batch_fill_ms", "ttft_kv_wait_ms", "ttft_prefill_ms",
@@ -52,6 +55,7 @@ TTFT_PARTS = ("ttft_queue_ms", "ttft_batch_fill_ms", "ttft_kv_wait_ms", "ttft_pr
 # steps and the other sequences sharing them on average
 _FLOAT_COLUMNS = (*TTFT_PARTS, "prefix_saved_ms", "mean_others_in_prefill")
 _INT_COLUMNS = ("queue_ahead", "running_at_arrival", "prefill_steps")
+COLUMNS = (*_FLOAT_COLUMNS, *_INT_COLUMNS)  # a row's values, in this order (after request_id)
 
 
 @dataclass(slots=True, eq=False)
@@ -81,14 +85,17 @@ class _Pending:
 class TTFTDiagnoser:
     """Accumulates the TTFT parts of every request of one replica (see the module docstring)."""
 
-    __slots__ = ("clock", "scheduler", "step_time", "_pending", "_cols")
+    __slots__ = ("clock", "scheduler", "step_time", "_pending", "_cols", "_ready")
 
     def __init__(self, clock: WaitClock, scheduler: Scheduler,
-                 step_time: Callable[[StepShape], float]) -> None:
+                 step_time: Callable[[StepShape], float], hand_off: bool = False) -> None:
+        """`hand_off`: each row waits in memory only until `take` collects it (a streamed
+        requests.csv); else every row is kept for `frame`."""
         self.clock = clock
         self.scheduler = scheduler
         self.step_time = step_time
         self._pending: dict[int, _Pending] = {}
+        self._ready: dict[int, tuple[float | int, ...]] | None = {} if hand_off else None
         self._cols: dict[str, array] = {"request_id": array("q")}
         self._cols.update({name: array("d") for name in _FLOAT_COLUMNS})
         self._cols.update({name: array("q") for name in _INT_COLUMNS})
@@ -152,8 +159,17 @@ class TTFTDiagnoser:
             p.saved_s = max(0.0, whole - rest)
 
     def _finish(self, rid: int, p: _Pending, first_token_s: float) -> None:
+        del self._pending[rid]
         wait_s = p.admit_s - p.arrival_s
         running_s = first_token_s - p.admit_s
+        if self._ready is not None:
+            self._ready[rid] = (
+                (wait_s - p.idle_wait_s - p.kv_wait_s) * 1e3, p.idle_wait_s * 1e3,
+                p.kv_wait_s * 1e3, p.own_s * 1e3,
+                (running_s - p.own_s - p.recompute_s - p.preempt_s) * 1e3,
+                (p.preempt_s + p.recompute_s) * 1e3, p.saved_s * 1e3, p.others / p.steps,
+                p.ahead, p.running, p.steps)
+            return
         c = self._cols
         c["request_id"].append(rid)
         c["ttft_queue_ms"].append((wait_s - p.idle_wait_s - p.kv_wait_s) * 1e3)
@@ -167,10 +183,17 @@ class TTFTDiagnoser:
         c["running_at_arrival"].append(p.running)
         c["prefill_steps"].append(p.steps)
         c["mean_others_in_prefill"].append(p.others / p.steps)
-        del self._pending[rid]
+
+    def take(self, rid: int) -> tuple[float | int, ...] | None:
+        """Request `rid`'s row (COLUMNS' values), forgotten once taken; None if it has none
+        (rejected before its first token, or another replica's). Only with `hand_off`."""
+        assert self._ready is not None
+        return self._ready.pop(rid, None)
 
     def frame(self) -> pd.DataFrame:
         """One row per request that reached its first token, keyed by request_id."""
+        import pandas as pd  # only a caller that wants the frame pays for pandas
+
         return pd.DataFrame({k: np.array(v, dtype=np.float64 if v.typecode == "d" else np.int64)
                              for k, v in self._cols.items()})
 
@@ -181,9 +204,9 @@ class ReplicaObserver:
     __slots__ = ("clock", "diagnoser", "tracer")
 
     def __init__(self, scheduler: Scheduler, step_time: Callable[[StepShape], float],
-                 traced: frozenset[int] = frozenset()) -> None:
+                 traced: frozenset[int] = frozenset(), hand_off: bool = False) -> None:
         self.clock = WaitClock(scheduler)
-        self.diagnoser = TTFTDiagnoser(self.clock, scheduler, step_time)
+        self.diagnoser = TTFTDiagnoser(self.clock, scheduler, step_time, hand_off)
         self.tracer = RequestTracer(self.clock, traced) if traced else None
 
     def on_arrival(self, request: Request, now_s: float) -> None:
