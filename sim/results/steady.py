@@ -183,7 +183,7 @@ def _window_dict(window: Window, offered: float) -> dict[str, Any]:
     return {"start_s": window.start_s, "end_s": window.end_s,
             "excluded_start": window.excluded_start, "excluded_end": window.excluded_end,
             "requests": window.kept, "offered_rate": offered,
-            "rule": "MSER-5 on E2E latency and on the number in the system at arrival, "
+            "rule": "MSER on time batches' mean E2E latency and number in the system, "
                     "from the start and from the end"}
 
 
