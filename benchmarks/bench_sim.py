@@ -83,7 +83,7 @@ def one_point(num_requests: int, rate: float) -> dict:
            "sim_req_per_wall_s": num_requests / wall_s,
            "steps": s["num_steps"], "steps_per_wall_s": s["num_steps"] / wall_s,
            "mean_batch": s["mean_batch_size"], "sim_duration_s": s["duration"],
-           "max_waiting": int(result.recorder.steps_frame()["max_waiting"].max()),
+           "max_waiting": int(result.recorder.steps_columns()["max_waiting"].max()),
            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "rss_after_setup_mib": rss_before_kib / 1024,
            "rss_by_requests_done": samples}
