@@ -28,8 +28,10 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from sim.core.request import Request
 from sim.results.sketch import QuantileSketch
 from sim.results.slo import SLO
+from sim.results.stats import PERCENTILES, STAT_NAMES
 
 METRICS = ("ttft", "tpot", "e2el", "queue")
 
@@ -88,6 +90,45 @@ class Latency:
         for part in parts:
             out.update(part)
         return out
+
+    def describe_ms(self) -> dict[str, float]:
+        """Mean, median, population std and tail percentiles in ms (NaN without samples):
+        the summary's keys (sim.results.stats.STAT_NAMES)."""
+        m = self.moments
+        if not m.count:
+            return dict.fromkeys(STAT_NAMES, math.nan)
+        pct = self.sketch.quantiles([q / 100.0 for q in (50, *PERCENTILES)]) * 1e3
+        out = {"mean": m.mean * 1e3, "median": float(pct[0]), "std": m.std * 1e3}
+        out.update({f"p{p}": float(x) for p, x in zip(PERCENTILES, pct[1:], strict=True)})
+        return out
+
+
+class RequestTotals:
+    """Exact run totals of the recorded requests (what the summary sums)."""
+
+    __slots__ = ("completed", "rejected", "reasons", "input_tokens", "output_tokens",
+                 "preemptions", "prefix_hit_tokens", "first_arrival_s", "last_finish_s")
+
+    def __init__(self) -> None:
+        self.completed = self.rejected = self.input_tokens = self.output_tokens = 0
+        self.preemptions = self.prefix_hit_tokens = 0
+        self.reasons: dict[str, int] = {}
+        self.first_arrival_s, self.last_finish_s = math.inf, -math.inf
+
+    def add(self, req: Request, reason: str | None) -> None:
+        if req.arrival_s < self.first_arrival_s:
+            self.first_arrival_s = req.arrival_s
+        if req.finish_s is not None and req.finish_s > self.last_finish_s:
+            self.last_finish_s = req.finish_s
+        if reason is not None:
+            self.rejected += 1
+            self.reasons[reason] = self.reasons.get(reason, 0) + 1
+            return
+        self.completed += 1
+        self.input_tokens += req.prompt_tokens
+        self.output_tokens += req.output_tokens
+        self.preemptions += req.num_preemptions
+        self.prefix_hit_tokens += req.prefix_hit_tokens
 
 
 class Batch:

@@ -70,11 +70,11 @@ import numpy as np
 from sim.core.decode_run import DecodeRun
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
-from sim.results.batches import Latency, RequestBatches
+from sim.results.batches import RequestBatches, RequestTotals
 from sim.results.itl_slices import ITLSlices
 from sim.results.requests import RequestCSV, RequestLog
 from sim.results.slo import SLO
-from sim.results.stats import PERCENTILES, STAT_NAMES, LogHistogram, TimeBuckets
+from sim.results.stats import LogHistogram, TimeBuckets
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -84,45 +84,6 @@ KEEP = "keep"  # RunRecorder(rows=KEEP): the rows in memory (RequestLog)
 
 def _rate(amount: float, duration_s: float) -> float:
     return amount / duration_s if duration_s > 0 else math.nan
-
-
-def _describe_ms(latency: Latency) -> dict[str, float]:
-    """Mean, median, population std and tail percentiles in ms (NaN without samples)."""
-    m = latency.moments
-    if not m.count:
-        return dict.fromkeys(STAT_NAMES, math.nan)
-    pct = latency.sketch.quantiles([q / 100.0 for q in (50, *PERCENTILES)]) * 1e3
-    out = {"mean": m.mean * 1e3, "median": float(pct[0]), "std": m.std * 1e3}
-    out.update({f"p{p}": float(x) for p, x in zip(PERCENTILES, pct[1:], strict=True)})
-    return out
-
-
-class _Totals:
-    """Exact run totals of the recorded requests (what the summary sums)."""
-
-    __slots__ = ("completed", "rejected", "reasons", "input_tokens", "output_tokens",
-                 "preemptions", "prefix_hit_tokens", "first_arrival_s", "last_finish_s")
-
-    def __init__(self) -> None:
-        self.completed = self.rejected = self.input_tokens = self.output_tokens = 0
-        self.preemptions = self.prefix_hit_tokens = 0
-        self.reasons: dict[str, int] = {}
-        self.first_arrival_s, self.last_finish_s = math.inf, -math.inf
-
-    def add(self, req: Request, reason: str | None) -> None:
-        if req.arrival_s < self.first_arrival_s:
-            self.first_arrival_s = req.arrival_s
-        if req.finish_s is not None and req.finish_s > self.last_finish_s:
-            self.last_finish_s = req.finish_s
-        if reason is not None:
-            self.rejected += 1
-            self.reasons[reason] = self.reasons.get(reason, 0) + 1
-            return
-        self.completed += 1
-        self.input_tokens += req.prompt_tokens
-        self.output_tokens += req.output_tokens
-        self.preemptions += req.num_preemptions
-        self.prefix_hit_tokens += req.prefix_hit_tokens
 
 
 class RunRecorder:
@@ -139,7 +100,7 @@ class RunRecorder:
         self._requests = RequestLog() if rows == KEEP else None
         self._stream = rows if isinstance(rows, RequestCSV) else None
         self._batches = RequestBatches(slo)
-        self._totals = _Totals()
+        self._totals = RequestTotals()
         self._itl = LogHistogram()
         self._itl_slices = ITLSlices()  # the same gaps by time: the window's ITL (steady_state)
         self._series = TimeBuckets(max_buckets, bucket_width_s)
@@ -360,10 +321,10 @@ class RunRecorder:
             out["request_goodput"] = _rate(good, duration_s)
             offered = completed + rejected
             out["slo_attainment"] = good / offered if offered else math.nan
-        groups = {"ttft": _describe_ms(batches.latency("ttft")),
-                  "tpot": _describe_ms(batches.latency("tpot")),
-                  "itl": self._itl.describe_ms(), "e2el": _describe_ms(batches.latency("e2el")),
-                  "queue": _describe_ms(batches.latency("queue"))}
+        groups = {"ttft": batches.latency("ttft").describe_ms(),
+                  "tpot": batches.latency("tpot").describe_ms(),
+                  "itl": self._itl.describe_ms(), "e2el": batches.latency("e2el").describe_ms(),
+                  "queue": batches.latency("queue").describe_ms()}
         for metric, stats in groups.items():
             for stat, x in stats.items():
                 out[f"{stat}_{metric}_ms"] = x
