@@ -7,6 +7,7 @@ import io
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -15,6 +16,7 @@ from sim.core.request import Request, RequestState
 from sim.experiments.run import run_scenario
 from sim.results.metrics import RunRecorder
 from sim.results.requests import RequestCSV
+from sim.results.sketch import DEFAULT_RELATIVE_ERROR
 
 CASES = {
     "plain": [],
@@ -82,3 +84,15 @@ def test_a_run_without_plots_imports_no_pandas(tmp_path) -> None:
                          check=True)
     assert out.stdout.strip().splitlines()[-1] == "False"
     assert len(pd.read_csv(tmp_path / "out" / "requests.csv")) == 50
+
+
+def test_run_percentiles_are_within_the_sketch_bound_of_numpys(tmp_path) -> None:
+    kept, _, _ = _runs([], tmp_path)
+    frame, s = kept.recorder.requests_frame(), kept.summary
+    for metric in ("ttft", "tpot", "e2el", "queue"):
+        values = frame[f"{metric}_ms"].dropna().to_numpy()
+        assert s[f"mean_{metric}_ms"] == pytest.approx(values.mean(), rel=1e-12)
+        for stat, q in (("median", 50), ("p90", 90), ("p95", 95), ("p99", 99)):
+            exact = np.percentile(values, q)
+            assert abs(s[f"{stat}_{metric}_ms"] - exact) <= (
+                DEFAULT_RELATIVE_ERROR + 1e-12) * exact
