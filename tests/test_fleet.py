@@ -153,7 +153,7 @@ def test_one_replica_is_exactly_the_single_replica_path() -> None:
     rows = fleet_summary.pop("replicas")
     for key in ("latency_model", "simulation_wall_s"):
         fleet_summary.pop(key)
-    steady = steady_summary(recorder.request_arrays(), recorder.itl_slices, None)
+    steady = steady_summary(recorder.request_batches(), recorder.itl_slices)
     assert json.dumps({k: fleet_summary.pop(k) for k in steady}, sort_keys=True) == json.dumps(
         steady, sort_keys=True)
     assert json.dumps(fleet_summary, sort_keys=True) == json.dumps(today, sort_keys=True)

@@ -80,7 +80,8 @@ def _run(args: argparse.Namespace) -> int:
                                       Backend(args.backend, args.jobs), not args.quiet)
             else:
                 result = run_scenario(scenario, base_dir, show_progress=not args.quiet,
-                                      timeline=args.timeline)
+                                      timeline=args.timeline,
+                                      requests_csv=stage.path / "requests.csv")
         except (ValueError, FileNotFoundError) as err:  # e.g. a missing trace, no room for KV
             print(f"error: {args.scenario or 'default scenario'}: {err}", file=sys.stderr)
             return 2

@@ -10,31 +10,36 @@ from __future__ import annotations
 
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 from tqdm import tqdm
 
 from sim.assemble import build_latency, build_replica, kv_budget
 from sim.config.scenario import Scenario
 from sim.latency.draft import with_draft
-from sim.observe.diagnose import ReplicaObserver
+from sim.observe.diagnose import COLUMNS as DIAGNOSIS_COLUMNS
+from sim.observe.diagnose import ReplicaObserver, TTFTDiagnoser
 from sim.observe.trace import choose_requests
-from sim.results.metrics import RunRecorder
+from sim.results.metrics import KEEP, RunRecorder
+from sim.results.requests import RequestCSV
 from sim.results.run import RunResult
-from sim.results.summary import run_summary
+from sim.results.summary import run_summary, scenario_slo
 from sim.workload import make_requests
 from sim.world.fleet import simulate_fleet
 from sim.world.replica import ReplicaSetup
 from sim.world.router import build_router, router_rng
 from sim.world.speculation import build_speculation
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 def run_scenario(scenario: Scenario, base_dir: Path | None = None,
                  show_progress: bool = True, timeline: int = 0, *,
-                 fast_forward: bool = True) -> RunResult:
+                 fast_forward: bool = True, requests_csv: Path | None = None) -> RunResult:
     """Simulate `scenario.replicas` identical replicas behind its router.
 
     Each replica gets its own block manager, scheduler and latency model from
@@ -42,37 +47,63 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
     replica records exactly as before. Every replica diagnoses its requests' TTFT
     (sim.observe.diagnose); `timeline` > 0 also traces that many requests, spread over the run.
     `fast_forward=False`: every step its own event (the oracle the default must equal).
+    `requests_csv`: stream the rows there as requests finish, keeping none in memory
+    (the result's recorders then read them back from that file only).
     """
     budget = kv_budget(scenario)
-    recorder = RunRecorder()
-    setups = []
-    for _ in range(scenario.replicas):
-        parts = build_replica(scenario, budget)
-        latency_model = with_draft(scenario, build_latency(scenario, base_dir))
-        setups.append(ReplicaSetup(parts.scheduler, latency_model,
-                                   recorder if scenario.replicas == 1 else RunRecorder(),
-                                   parts.kv, build_speculation(scenario),
-                                   fast_forward=fast_forward))
+    slo = scenario_slo(scenario)
+    parts = [build_replica(scenario, budget) for _ in range(scenario.replicas)]
+    latencies = [with_draft(scenario, build_latency(scenario, base_dir)) for _ in parts]
     traced = choose_requests(array("q", (r.request_id for r in make_requests(
         scenario.workload, scenario.seed, base_dir))), timeline) if timeline else frozenset()
-    setups = observe(setups, traced)
+    streaming = requests_csv is not None
+    observers = [ReplicaObserver(p.scheduler, lat.step_time, traced, hand_off=streaming)
+                 for p, lat in zip(parts, latencies, strict=True)]
+    rows = KEEP if requests_csv is None else RequestCSV(
+        requests_csv, bool(scenario.speculative.num_tokens), DIAGNOSIS_COLUMNS,
+        _take_from([o.diagnoser for o in observers]))
+    recorder = RunRecorder(rows=rows, slo=slo)
+    setups = [ReplicaSetup(p.scheduler, lat, recorder if scenario.replicas == 1 else
+                           RunRecorder(rows=None if streaming else KEEP, slo=slo),
+                           p.kv, build_speculation(scenario), fast_forward=fast_forward,
+                           observer=observer)
+              for p, lat, observer in zip(parts, latencies, observers, strict=True)]
     latency = setups[0].latency
     router = build_router(scenario.router.policy, scenario.router.load_limit)
     requests = make_requests(scenario.workload, scenario.seed, base_dir)
     total = scenario.workload.num_requests
     started = time.perf_counter()
-    # tqdm's delay keeps short runs silent: the bar appears only after 2 s
-    with tqdm(total=total, unit="req", delay=2.0, disable=not show_progress,
-              desc="simulating") as bar:
-        simulate_fleet(requests, setups, router, router_rng(scenario.seed), recorder,
-                       on_done=bar.update)
+    try:
+        # tqdm's delay keeps short runs silent: the bar appears only after 2 s
+        with tqdm(total=total, unit="req", delay=2.0, disable=not show_progress,
+                  desc="simulating") as bar:
+            simulate_fleet(requests, setups, router, router_rng(scenario.seed), recorder,
+                           on_done=bar.update)
+    finally:
+        recorder.close()
     wall_s = time.perf_counter() - started
-    timeline_frame = collect(setups, recorder)
+    timeline_frame = collect(setups, None if streaming else recorder)
     summary = run_summary(scenario, budget, recorder, setups, latency.name, wall_s,
                           [s.recorder for s in setups])
     num_blocks = setups[0].kv.num_usable_blocks
     return RunResult(scenario, summary, recorder, budget, num_blocks, latency.name,
                      wall_s, tuple(s.recorder for s in setups), timeline_frame)
+
+
+def _take_from(diagnosers: Sequence[TTFTDiagnoser]
+               ) -> Callable[[int], tuple[float | int, ...] | None]:
+    """A request's TTFT row from whichever replica diagnosed it (ids are unique)."""
+    if len(diagnosers) == 1:
+        return diagnosers[0].take
+
+    def take(rid: int) -> tuple[float | int, ...] | None:
+        for diagnoser in diagnosers:
+            row = diagnoser.take(rid)
+            if row is not None:
+                return row
+        return None
+
+    return take
 
 
 def observe(setups: Sequence[ReplicaSetup], traced: frozenset[int] = frozenset()
@@ -82,16 +113,25 @@ def observe(setups: Sequence[ReplicaSetup], traced: frozenset[int] = frozenset()
             for s in setups]
 
 
-def collect(setups: Sequence[ReplicaSetup], fleet: RunRecorder) -> pd.DataFrame | None:
-    """Join each replica's TTFT parts into its recorder and the fleet's; return the traced
-    requests' timelines (None when nothing was traced)."""
+def collect(setups: Sequence[ReplicaSetup], fleet: RunRecorder | None
+            ) -> pd.DataFrame | None:
+    """Join each replica's TTFT parts into its recorder and the fleet's (None: the rows
+    were streamed with them); return the traced requests' timelines (None when nothing
+    was traced)."""
     observers, frames = [], []
     for s in setups:
         if isinstance(s.observer, ReplicaObserver):
             observers.append(s.observer)
-            frames.append(s.observer.diagnoser.frame())
-            s.recorder.add_columns(frames[-1])
-    if frames:
+            if fleet is not None:
+                frames.append(s.observer.diagnoser.frame())
+                s.recorder.add_columns(frames[-1])
+    if frames and fleet is not None:
+        import pandas as pd
+
         fleet.add_columns(pd.concat(frames, ignore_index=True))
     traces = [o.tracer.frame() for o in observers if o.tracer is not None]
-    return pd.concat(traces, ignore_index=True) if traces else None
+    if not traces:
+        return None
+    import pandas as pd
+
+    return pd.concat(traces, ignore_index=True)

@@ -14,9 +14,8 @@ import itertools
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import yaml
 
 from sim.config.loader import load_scenario
@@ -33,6 +32,9 @@ from sim.experiments.runner import (
     stream_digest,
 )
 from sim.results.steady import window_columns
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["BACKENDS", "Backend", "Runner", "SweepError", "Task", "open_backend", "run_task",
            "stream_digest", "sweep", "parse_grid", "grid_points", "override", "markdown_table",
@@ -126,6 +128,8 @@ def sweep(path: str | Path, grid: dict[str, list[Any]], backend: Backend | None 
         row.update(window_columns(result))
         row["wall_s"] = result["wall_s"]
         rows.append(row)
+    import pandas as pd  # a sweep's table; a single run never loads pandas
+
     table = pd.DataFrame(rows)
     table.attrs["reused"] = runner.reused
     if plots and out_dir is not None:

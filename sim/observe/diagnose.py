@@ -36,14 +36,17 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import compress
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from sim.core.plan import StepPlan, StepShape
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.observe.trace import RequestTracer, WaitClock
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # the parts, in the order they are printed; they sum to ttft_ms
 TTFT_PARTS = ("ttft_queue_ms", "ttft_batch_fill_ms", "ttft_kv_wait_ms", "ttft_prefill_ms",
@@ -52,6 +55,7 @@ TTFT_PARTS = ("ttft_queue_ms", "ttft_batch_fill_ms", "ttft_kv_wait_ms", "ttft_pr
 # steps and the other sequences sharing them on average
 _FLOAT_COLUMNS = (*TTFT_PARTS, "prefix_saved_ms", "mean_others_in_prefill")
 _INT_COLUMNS = ("queue_ahead", "running_at_arrival", "prefill_steps")
+COLUMNS = (*_FLOAT_COLUMNS, *_INT_COLUMNS)  # a row's values, in this order (after request_id)
 
 
 @dataclass(slots=True, eq=False)
@@ -78,17 +82,62 @@ class _Pending:
     saved_s: float = 0.0
 
 
+class _Waiting:
+    """Arrived requests not yet admitted, as typed columns: 48 B of readings a request plus
+    its map entry, instead of a `_Pending` object. Why: at overload the queue holds most
+    of a run's requests, and each waits here until its first admission. Freed slots are
+    reused, so the columns' length is the peak queue, not the requests seen."""
+
+    __slots__ = ("_slot", "_free", "_floats", "_ints")
+
+    def __init__(self) -> None:
+        self._slot: dict[int, int] = {}
+        self._free = array("q")
+        self._floats = array("d")  # arrival, idle clock, KV clock at arrival; 3 a slot
+        self._ints = array("q")  # queue ahead, running at arrival, prompt tokens; 3 a slot
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    def add(self, rid: int, arrival_s: float, idle0_s: float, kv0_s: float, ahead: int,
+            running: int, prompt: int) -> None:
+        if self._free:
+            slot = self._free.pop()
+            i = 3 * slot
+            self._floats[i], self._floats[i + 1], self._floats[i + 2] = arrival_s, idle0_s, kv0_s
+            self._ints[i], self._ints[i + 1], self._ints[i + 2] = ahead, running, prompt
+        else:
+            slot = len(self._floats) // 3
+            self._floats.extend((arrival_s, idle0_s, kv0_s))
+            self._ints.extend((ahead, running, prompt))
+        self._slot[rid] = slot
+
+    def pop(self, rid: int) -> _Pending | None:
+        """Request `rid`'s record as a `_Pending`, forgotten here; None if it is not waiting."""
+        slot = self._slot.pop(rid, None)
+        if slot is None:
+            return None
+        self._free.append(slot)
+        i = 3 * slot
+        f, n = self._floats, self._ints
+        return _Pending(f[i], f[i + 1], f[i + 2], n[i], n[i + 1], n[i + 2])
+
+
 class TTFTDiagnoser:
     """Accumulates the TTFT parts of every request of one replica (see the module docstring)."""
 
-    __slots__ = ("clock", "scheduler", "step_time", "_pending", "_cols")
+    __slots__ = ("clock", "scheduler", "step_time", "_waiting", "_pending", "_cols", "_ready")
 
     def __init__(self, clock: WaitClock, scheduler: Scheduler,
-                 step_time: Callable[[StepShape], float]) -> None:
+                 step_time: Callable[[StepShape], float], hand_off: bool = False) -> None:
+        """`hand_off`: each row waits in memory only until `take` collects it (a streamed
+        requests.csv); else every row is kept for `frame`."""
         self.clock = clock
         self.scheduler = scheduler
         self.step_time = step_time
-        self._pending: dict[int, _Pending] = {}
+        self._waiting = _Waiting()  # arrived, not yet admitted
+        self._pending: dict[int, _Pending] = {}  # admitted, before the first token
+        self._ready: dict[int, tuple[float | int, ...]] | None = {} if hand_off else None
         self._cols: dict[str, array] = {"request_id": array("q")}
         self._cols.update({name: array("d") for name in _FLOAT_COLUMNS})
         self._cols.update({name: array("q") for name in _INT_COLUMNS})
@@ -96,13 +145,12 @@ class TTFTDiagnoser:
     def on_arrival(self, request: Request, now_s: float) -> None:
         idle_s, kv_s = self.clock.at(now_s)
         sched = self.scheduler
-        self._pending[request.request_id] = _Pending(
-            now_s, idle_s, kv_s, sched.num_waiting - 1, sched.num_running,
-            request.prompt_tokens)
+        self._waiting.add(request.request_id, now_s, idle_s, kv_s, sched.num_waiting - 1,
+                          sched.num_running, request.prompt_tokens)
 
     def on_step(self, start_s: float, duration_s: float, plan: StepPlan) -> None:
-        pending = self._pending
-        if not pending:
+        pending, waiting = self._pending, self._waiting
+        if not pending and not waiting:
             return
         for rid in plan.preempted_ids:
             p = pending.get(rid)
@@ -118,9 +166,13 @@ class TTFTDiagnoser:
         others = len(news) - 1
         contexts, emits = plan.context_tokens, plan.emits_token
         for i in compress(range(len(news)), plan.is_prefill):
-            p = pending.get(plan.request_ids[i])
+            rid = plan.request_ids[i]
+            p = pending.get(rid)
             if p is None:
-                continue  # past its first token (a re-prefill after preemption)
+                p = waiting.pop(rid)
+                if p is None:
+                    continue  # past its first token (a re-prefill after preemption)
+                pending[rid] = p
             new, context = news[i], contexts[i]
             if p.admit_s < 0.0:
                 self._admitted(p, start_s, context)
@@ -152,8 +204,17 @@ class TTFTDiagnoser:
             p.saved_s = max(0.0, whole - rest)
 
     def _finish(self, rid: int, p: _Pending, first_token_s: float) -> None:
+        del self._pending[rid]
         wait_s = p.admit_s - p.arrival_s
         running_s = first_token_s - p.admit_s
+        if self._ready is not None:
+            self._ready[rid] = (
+                (wait_s - p.idle_wait_s - p.kv_wait_s) * 1e3, p.idle_wait_s * 1e3,
+                p.kv_wait_s * 1e3, p.own_s * 1e3,
+                (running_s - p.own_s - p.recompute_s - p.preempt_s) * 1e3,
+                (p.preempt_s + p.recompute_s) * 1e3, p.saved_s * 1e3, p.others / p.steps,
+                p.ahead, p.running, p.steps)
+            return
         c = self._cols
         c["request_id"].append(rid)
         c["ttft_queue_ms"].append((wait_s - p.idle_wait_s - p.kv_wait_s) * 1e3)
@@ -167,10 +228,17 @@ class TTFTDiagnoser:
         c["running_at_arrival"].append(p.running)
         c["prefill_steps"].append(p.steps)
         c["mean_others_in_prefill"].append(p.others / p.steps)
-        del self._pending[rid]
+
+    def take(self, rid: int) -> tuple[float | int, ...] | None:
+        """Request `rid`'s row (COLUMNS' values), forgotten once taken; None if it has none
+        (rejected before its first token, or another replica's). Only with `hand_off`."""
+        assert self._ready is not None
+        return self._ready.pop(rid, None)
 
     def frame(self) -> pd.DataFrame:
         """One row per request that reached its first token, keyed by request_id."""
+        import pandas as pd  # only a caller that wants the frame pays for pandas
+
         return pd.DataFrame({k: np.array(v, dtype=np.float64 if v.typecode == "d" else np.int64)
                              for k, v in self._cols.items()})
 
@@ -181,9 +249,9 @@ class ReplicaObserver:
     __slots__ = ("clock", "diagnoser", "tracer")
 
     def __init__(self, scheduler: Scheduler, step_time: Callable[[StepShape], float],
-                 traced: frozenset[int] = frozenset()) -> None:
+                 traced: frozenset[int] = frozenset(), hand_off: bool = False) -> None:
         self.clock = WaitClock(scheduler)
-        self.diagnoser = TTFTDiagnoser(self.clock, scheduler, step_time)
+        self.diagnoser = TTFTDiagnoser(self.clock, scheduler, step_time, hand_off)
         self.tracer = RequestTracer(self.clock, traced) if traced else None
 
     def on_arrival(self, request: Request, now_s: float) -> None:

@@ -20,14 +20,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import pandas as pd
 
 from sim.core.plan import StepPlan
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 WAIT_KINDS = ("queue", "batch_fill", "kv_wait", "preempted")
 RUN_KINDS = ("prefill", "recompute", "decode", "stalled")
@@ -221,6 +223,8 @@ class RequestTracer:
 
 def timeline_frame(rows: Sequence[Sequence]) -> pd.DataFrame:
     """Rows of TIMELINE_COLUMNS as a frame ordered by request, then time (instants last)."""
+    import pandas as pd  # only a traced run pays for pandas
+
     frame = pd.DataFrame(list(rows), columns=list(TIMELINE_COLUMNS))
     frame = frame.astype({"request_id": "int64", "kind": "object", "start_s": "float64",
                           "end_s": "float64", "new_tokens": "int64", "context_tokens": "int64",
@@ -237,6 +241,8 @@ def read_timeline(path: Path) -> pd.DataFrame:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no timeline here; run with `servesim run SCENARIO "
                                 "--timeline N` to trace N requests")
+    import pandas as pd
+
     frame = pd.read_csv(path)
     missing = [c for c in TIMELINE_COLUMNS if c not in frame.columns]
     if missing:

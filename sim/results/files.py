@@ -2,34 +2,59 @@
 a fleet replicas.csv, for a traced run timeline.csv. No pictures here (sim.plots.run).
 
 The CLI writes into a staging directory that replaces the old run whole
-(sim.results.output_dir), so files here need no atomic renames of their own.
+(sim.results.output_dir), so files here need no atomic renames of their own;
+a simulated run streams requests.csv into it as requests finish
+(sim.results.requests.RequestCSV). Plain columns are written with the csv
+module in pandas' format (floats as repr, NaN empty), so a run without plots
+loads no pandas.
 """
 
 from __future__ import annotations
 
+import csv
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+import numpy as np
 
 from sim.results.provenance import provenance
 from sim.results.report import jsonable
 
+if TYPE_CHECKING:
+    import pandas as pd
 
-def write_run_files(out_dir: Path, summary: dict[str, Any], requests: pd.DataFrame,
-                    series: pd.DataFrame) -> list[Path]:
+
+def write_columns(path: Path, columns: Mapping[str, np.ndarray]) -> Path:
+    """Numeric columns as CSV, byte for byte what pandas' to_csv(index=False) writes."""
+    lists = [np.asarray(col).tolist() for col in columns.values()]
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f, lineterminator="\n")
+        out.writerow(list(columns))
+        for row in zip(*lists, strict=True):
+            out.writerow(["" if x != x else repr(x) if isinstance(x, float) else x
+                          for x in row])
+    return path
+
+
+def write_run_files(out_dir: Path, summary: dict[str, Any], requests: pd.DataFrame | None,
+                    series: pd.DataFrame | Mapping[str, np.ndarray]) -> list[Path]:
     """summary.json (gaining a `provenance` block: servesim version, git commit, schema
-    version), requests.csv and timeseries.csv in `out_dir`; returns their paths."""
+    version), requests.csv (None: already streamed there) and timeseries.csv (a frame or
+    its columns) in `out_dir`; returns their paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary_path = out_dir / "summary.json"
     stamped = {**summary, "provenance": provenance()}
     summary_path.write_text(json.dumps(jsonable(stamped), indent=2, allow_nan=False) + "\n")
     requests_path, series_path = out_dir / "requests.csv", out_dir / "timeseries.csv"
-    requests.to_csv(requests_path, index=False)
-    series.to_csv(series_path, index=False)
+    if requests is not None:
+        requests.to_csv(requests_path, index=False)
+    if isinstance(series, Mapping):
+        write_columns(series_path, series)
+    else:
+        series.to_csv(series_path, index=False)
     return [summary_path, requests_path, series_path]
 
 
@@ -38,6 +63,8 @@ def write_replicas(out_dir: Path, rows: Sequence[dict[str, Any]]) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "replicas.csv"
+    import pandas as pd  # a fleet's rows mix types as pandas prints them
+
     pd.DataFrame(list(rows)).to_csv(path, index=False)
     return path
 

@@ -1,13 +1,20 @@
 """Run recording and vLLM-style serving metrics.
 
-The recorder sits in the simulator's hot loop, so it stores typed columns
-(`array.array`) rather than one object per request or step; the caller may
-drop each Request once recorded. Field names and formulas follow vLLM's
-`benchmark_serving`: TTFT = first token - arrival, TPOT = (E2EL - TTFT) /
-(output - 1) over requests with more than one output token, E2EL = finish -
-arrival. Percentiles use numpy's default 'linear' method, as vLLM does.
+The recorder sits in the simulator's hot loop, so it keeps no object per
+request or step; the caller may drop each Request once recorded. Field names
+and formulas follow vLLM's `benchmark_serving`: TTFT = first token - arrival,
+TPOT = (E2EL - TTFT) / (output - 1) over requests with more than one output
+token, E2EL = finish - arrival. Percentiles use numpy's default 'linear'
+definition, as vLLM does, estimated by mergeable sketches within a relative
+0.5% (sim.results.sketch); counts, sums, means, std, min and max are exact.
 
-Steps are not stored: memory grows with requests, not with work done.
+Requests: each is folded into its arrival time batch (sim.results.batches),
+which gives the summary and the steady-state window, and its row goes to the
+recorder's `rows`: kept in memory (`RequestLog`, the default), streamed to
+requests.csv (`RequestCSV`) or dropped (None). Streamed or dropped, memory
+grows with requests in flight, not requests done; the SLO must then be given
+up front, since goodput needs each request's latencies together. Steps are
+not stored either.
 Speculative decoding: a decode that emits several tokens at once is one ITL
 sample of the step's duration (vLLM's benchmark convention: ITL is the gap
 between deliveries a client sees; TPOT counts every token). `record_speculation`
@@ -56,18 +63,23 @@ KV bytes per token).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from sim.core.decode_run import DecodeRun
 from sim.core.plan import StepPlan, StepResult
-from sim.core.request import Request
+from sim.core.request import Request, RequestState
+from sim.results.batches import RequestBatches, RequestTotals
 from sim.results.itl_slices import ITLSlices
-from sim.results.requests import RequestLog
-from sim.results.slo import SLO, meets_slo
-from sim.results.stats import LogHistogram, TimeBuckets, describe_ms
+from sim.results.requests import RequestCSV, RequestLog
+from sim.results.slo import SLO
+from sim.results.stats import LogHistogram, TimeBuckets
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+KEEP = "keep"  # RunRecorder(rows=KEEP): the rows in memory (RequestLog)
 
 
 def _rate(amount: float, duration_s: float) -> float:
@@ -75,15 +87,20 @@ def _rate(amount: float, duration_s: float) -> float:
 
 
 class RunRecorder:
-    """Typed columns of finished/rejected requests (96 B each) and O(1)-size step stats."""
+    """Requests in time batches (rows kept, streamed or dropped) and O(1)-size step stats."""
 
-    __slots__ = ("_requests", "_itl", "_series", "_num_steps", "_busy_s",
+    __slots__ = ("_requests", "_stream", "_batches", "_totals", "_itl", "_series",
+                 "_num_steps", "_busy_s",
                  "_batch_x_s", "_max_kv_blocks_used", "_padded_x_s", "_slot_steps",
                  "_useful_slot_steps", "_waste_x_s", "_swap_out_tokens", "_swap_in_tokens",
                  "_spec", "_extra_columns", "_itl_slices")
 
-    def __init__(self, max_buckets: int = 2048, bucket_width_s: float = 0.01) -> None:
-        self._requests = RequestLog()
+    def __init__(self, max_buckets: int = 2048, bucket_width_s: float = 0.01, *,
+                 rows: RequestCSV | str | None = KEEP, slo: SLO | None = None) -> None:
+        self._requests = RequestLog() if rows == KEEP else None
+        self._stream = rows if isinstance(rows, RequestCSV) else None
+        self._batches = RequestBatches(slo)
+        self._totals = RequestTotals()
         self._itl = LogHistogram()
         self._itl_slices = ITLSlices()  # the same gaps by time: the window's ITL (steady_state)
         self._series = TimeBuckets(max_buckets, bucket_width_s)
@@ -102,10 +119,31 @@ class RunRecorder:
         self._extra_columns: pd.DataFrame | None = None  # add_columns (TTFT diagnosis)
 
     def record_finished(self, req: Request) -> None:
-        self._requests.record_finished(req)
+        if self._requests is not None:
+            self._requests.record_finished(req)  # refuses an unfinished request
+        elif req.state is not RequestState.FINISHED:
+            raise ValueError(f"request {req.request_id} is {req.state.value}, not finished")
+        self._record(req, None)
 
     def record_rejected(self, req: Request) -> None:
-        self._requests.record_rejected(req)
+        if self._requests is not None:
+            self._requests.record_rejected(req)
+        self._record(req, req.rejection_reason or "unknown")
+
+    def _record(self, req: Request, reason: str | None) -> None:
+        nan = math.nan
+        self._batches.add(req.arrival_s, _or_nan(req.first_scheduled_s),
+                          _or_nan(req.first_token_s),
+                          nan if req.finish_s is None else req.finish_s, req.output_tokens,
+                          reason is None)
+        self._totals.add(req, reason)
+        if self._stream is not None:
+            self._stream.write(req, reason)
+
+    def close(self) -> None:
+        """Close the streamed requests.csv (if any): every row written is on disk."""
+        if self._stream is not None:
+            self._stream.close()
 
     def record_step(self, start_s: float, duration_s: float, plan: StepPlan,
                     num_waiting: int, num_running: int, kv_blocks_used: int,
@@ -207,7 +245,7 @@ class RunRecorder:
 
     @property
     def num_requests(self) -> int:
-        return len(self._requests)
+        return self._totals.completed + self._totals.rejected
 
     @property
     def num_steps(self) -> int:
@@ -217,9 +255,38 @@ class RunRecorder:
     def itl_slices(self) -> ITLSlices:
         return self._itl_slices
 
+    @property
+    def streamed_to(self) -> Any:
+        """The requests.csv the rows streamed to (a Path), or None."""
+        return None if self._stream is None else self._stream.path
+
     def request_arrays(self) -> dict[str, np.ndarray]:
-        """The recorded requests' columns and derived latencies (RequestLog.arrays)."""
-        return self._requests.arrays()
+        """The recorded requests' columns and derived latencies (RequestLog.arrays); only
+        for a recorder that keeps its rows."""
+        return self._log().arrays()
+
+    def _log(self) -> RequestLog:
+        if self._requests is None:
+            raise ValueError("this recorder keeps no request rows (streamed or dropped)")
+        return self._requests
+
+    def request_batches(self, slo: SLO | None = None) -> RequestBatches:
+        """The requests' time batches, counting goodput by `slo` (default the recorder's).
+
+        A recorder that keeps its rows folds them again for another SLO (the same
+        rows in the same order give the same batches); one that does not refuses.
+        """
+        want = slo if slo is not None and slo.has_bounds else None
+        if want == self._batches.slo:
+            return self._batches
+        log = self._log()
+        batches = RequestBatches(want)
+        r = log.arrays()
+        for row in zip(r["arrival_s"].tolist(), r["first_scheduled_s"].tolist(),
+                       r["first_token_s"].tolist(), r["finish_s"].tolist(),
+                       r["output_tokens"].tolist(), r["finished"].tolist(), strict=True):
+            batches.add(*row)
+        return batches
 
     def summary(self, slo: SLO | None = None, kv_blocks_total: int | None = None,
                 block_size: int | None = None, *, prefix_caching: bool = False,
@@ -232,39 +299,37 @@ class RunRecorder:
         arguments come from the pool and scheduler (see the module docstring);
         swapped bytes need `kv_bytes_per_token` (else NaN).
         """
-        r = self._requests.arrays()
-        done = r["finished"]
-        completed = int(done.sum())
-        finish_s = r["finish_s"][~np.isnan(r["finish_s"])]
-        duration_s = float(finish_s.max() - r["arrival_s"].min()) if finish_s.size else math.nan
-        names = self._requests.reasons
-        counts = np.bincount(r["reason_code"][~done], minlength=len(names))
-        input_tokens = int(r["prompt_tokens"][done].sum())
-        output_tokens = int(r["output_tokens"][done].sum())
+        t = self._totals
+        completed, rejected = t.completed, t.rejected
+        duration_s = (t.last_finish_s - t.first_arrival_s
+                      if math.isfinite(t.last_finish_s) else math.nan)
+        input_tokens, output_tokens = t.input_tokens, t.output_tokens
         out: dict[str, Any] = {
             "duration": duration_s,
             "completed": completed,
-            "rejected": int((~done).sum()),
-            "rejection_reasons": {n: int(counts[i]) for i, n in enumerate(names)},
+            "rejected": rejected,
+            "rejection_reasons": dict(t.reasons),
             "total_input_tokens": input_tokens,
             "total_output_tokens": output_tokens,
             "request_throughput": _rate(completed, duration_s),
             "output_throughput": _rate(output_tokens, duration_s),
             "total_token_throughput": _rate(input_tokens + output_tokens, duration_s),
         }
-        if slo is not None and slo.has_bounds:
-            good = int(meets_slo(r, slo).sum())
+        batches = self.request_batches(slo)
+        if batches.slo is not None:
+            good = sum(b.good for b in batches.batches())
             out["request_goodput"] = _rate(good, duration_s)
-            offered = completed + out["rejected"]
+            offered = completed + rejected
             out["slo_attainment"] = good / offered if offered else math.nan
-        groups = {"ttft": describe_ms(r["ttft_s"]), "tpot": describe_ms(r["tpot_s"]),
-                  "itl": self._itl.describe_ms(), "e2el": describe_ms(r["e2el_s"]),
-                  "queue": describe_ms(r["queue_s"])}
+        groups = {"ttft": batches.latency("ttft").describe_ms(),
+                  "tpot": batches.latency("tpot").describe_ms(),
+                  "itl": self._itl.describe_ms(), "e2el": batches.latency("e2el").describe_ms(),
+                  "queue": batches.latency("queue").describe_ms()}
         for metric, stats in groups.items():
             for stat, x in stats.items():
                 out[f"{stat}_{metric}_ms"] = x
-        out["total_preemptions"] = int(r["preemptions"][done].sum())
-        hit_tokens = int(r["prefix_hit_tokens"][done].sum())
+        out["total_preemptions"] = t.preemptions
+        hit_tokens = t.prefix_hit_tokens
         out["total_prefix_hit_tokens"] = hit_tokens
         out["prefix_caching"] = prefix_caching
         out["prefix_hit_rate"] = hit_tokens / input_tokens if input_tokens else math.nan
@@ -312,8 +377,13 @@ class RunRecorder:
         }
 
     def requests_frame(self) -> pd.DataFrame:
-        """One row per recorded request (finished and rejected), latencies in ms."""
-        return self._requests.frame(self._spec is not None, self._extra_columns)
+        """One row per recorded request (finished and rejected), latencies in ms; streamed
+        rows are read back from requests.csv (after close())."""
+        if self._stream is not None:
+            import pandas as pd
+
+            return pd.read_csv(self._stream.path)
+        return self._log().frame(self._spec is not None, self._extra_columns)
 
     def add_columns(self, columns: pd.DataFrame) -> None:
         """Per-request columns keyed by `request_id` (e.g. the TTFT diagnosis), joined into
@@ -322,7 +392,17 @@ class RunRecorder:
 
     def steps_frame(self) -> pd.DataFrame:
         """The time series, one row per non-empty time bucket (see `TimeBuckets`)."""
+        import pandas as pd
+
         return pd.DataFrame(self._series.frame())
+
+    def steps_columns(self) -> dict[str, np.ndarray]:
+        """steps_frame()'s columns, without pandas."""
+        return self._series.frame()
+
+
+def _or_nan(x: float | None) -> float:
+    return math.nan if x is None else x
 
 
 def _speculation(decode_steps: int, spec_steps: int, drafted: int, accepted: int

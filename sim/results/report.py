@@ -102,7 +102,7 @@ def window_line(summary: dict[str, Any]) -> str:
     start, end = w.get("start_s"), w.get("end_s")
     span = f"{start:.1f}-{end:.1f} s" if start is not None and end is not None else "n/a"
     return (f"Window {span}: {w['requests']} requests, cut {w['excluded_start']} warm-up and "
-            f"{w['excluded_end']} at the end (MSER-5){rate}; {verdict}")
+            f"{w['excluded_end']} at the end (MSER){rate}; {verdict}")
 
 
 def _replica_lines(rows: Any, width: int) -> list[str]:

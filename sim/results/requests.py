@@ -1,21 +1,33 @@
-"""Finished and rejected requests as typed columns: the rows of requests.csv, 96 bytes each.
+"""Finished and rejected requests: the rows of requests.csv, kept in memory or streamed.
 
-The recorder sits in the simulator's hot loop, so requests are kept as
-`array.array` columns rather than one object per request; the caller may drop
-each Request once recorded. TTFT, TPOT, E2EL and queue time are derived when
-read, with vLLM's formulas: TTFT = first token - arrival, TPOT = (E2EL - TTFT) /
-(output - 1) over requests with more than one output token, E2EL = finish - arrival.
+Two homes for the rows. `RequestLog` keeps them as `array.array` columns (96
+bytes a request) for callers that read them back as a frame (the engine, the
+server, tests). `RequestCSV` writes each row to requests.csv as the request is
+recorded and keeps nothing, so a run's memory follows the requests in flight,
+not those done; its bytes are what `RequestLog.frame().to_csv(index=False)`
+writes (floats as repr, NaN and None empty), except that integer columns joined
+from elsewhere (the TTFT diagnosis) stay integers where pandas would print them
+as floats once a row lacks them. Either way the caller may drop each Request
+once recorded. TTFT, TPOT, E2EL and queue time use vLLM's formulas: TTFT =
+first token - arrival, TPOT = (E2EL - TTFT) / (output - 1) over requests with
+more than one output token, E2EL = finish - arrival.
 """
 
 from __future__ import annotations
 
+import csv
 import math
 from array import array
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from sim.core.request import Request, RequestState
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _REQ_FLOAT = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s")
 _REQ_INT = ("request_id", "prompt_tokens", "output_tokens", "prefix_hit_tokens",
@@ -87,6 +99,8 @@ class RequestLog:
 
     def frame(self, speculation: bool, extra: pd.DataFrame | None = None) -> pd.DataFrame:
         """One row per request, latencies in ms; `extra` columns joined on request_id."""
+        import pandas as pd  # only a caller that wants a frame pays for pandas
+
         r = self.arrays()
         names = self.reasons
         reasons = [None if c == _FINISHED_CODE else names[c] for c in r["reason_code"].tolist()]
@@ -103,3 +117,65 @@ class RequestLog:
         if extra is not None:
             frame = frame.merge(extra, on="request_id", how="left")
         return frame
+
+
+def _cell(x: float) -> str:
+    return "" if x != x else repr(x)  # NaN: an empty cell, as pandas writes it
+
+
+def _opt_cell(x: float | None) -> str:
+    return "" if x is None else repr(float(x))  # a clock may start at the int 0
+
+
+class RequestCSV:
+    """requests.csv written a row per recorded request (see the module docstring).
+
+    `speculation` adds the draft columns; `extra_columns` are further columns
+    (after `rejection_reason`) whose values `extra(request_id)` gives, or None
+    for empty cells. Nothing per request stays in memory.
+    """
+
+    __slots__ = ("path", "_file", "_writer", "_speculation", "_extra", "_blank", "rows")
+
+    def __init__(self, path: Path, speculation: bool, extra_columns: Sequence[str] = (),
+                 extra: Callable[[int], Sequence[float | int] | None] | None = None) -> None:
+        self.path = Path(path)
+        self._file = open(self.path, "w", newline="")  # noqa: SIM115 - closed by close()
+        self._writer = csv.writer(self._file, lineterminator="\n")
+        self._speculation = speculation
+        self._extra = extra
+        self._blank = [""] * len(extra_columns)
+        self.rows = 0
+        header = ["request_id", *_REQ_FLOAT, "prompt_tokens", "output_tokens",
+                  "prefix_hit_tokens", "preemptions", "ttft_ms", "tpot_ms", "e2el_ms",
+                  "queue_ms"]
+        if speculation:
+            header += ["spec_drafted", "spec_accepted"]
+        self._writer.writerow([*header, "status", "rejection_reason", *extra_columns])
+
+    def write(self, req: Request, reason: str | None) -> None:
+        """One row: `reason` None for a finished request, else why it was rejected."""
+        a = req.arrival_s
+        row = [str(req.request_id), repr(float(a)), _opt_cell(req.first_scheduled_s),
+               _opt_cell(req.first_token_s), _opt_cell(req.finish_s), str(req.prompt_tokens),
+               str(req.output_tokens), str(req.prefix_hit_tokens), str(req.num_preemptions)]
+        if reason is None:
+            ttft, e2el = req.first_token_s - a, req.finish_s - a  # type: ignore[operator]
+            out = req.output_tokens
+            tpot = (e2el - ttft) / max(out - 1, 1) if out > 1 else math.nan
+            row += [_cell(ttft * 1e3), _cell(tpot * 1e3), _cell(e2el * 1e3),
+                    _cell((req.first_scheduled_s - a) * 1e3)]  # type: ignore[operator]
+        else:
+            row += ["", "", "", ""]
+        if self._speculation:
+            row += [str(req.spec_drafted), str(req.spec_accepted)]
+        row += ["finished", ""] if reason is None else ["rejected", reason]
+        if self._extra is not None:
+            values = self._extra(req.request_id)
+            row += self._blank if values is None else [
+                _cell(v) if isinstance(v, float) else str(v) for v in values]
+        self._writer.writerow(row)
+        self.rows += 1
+
+    def close(self) -> None:
+        self._file.close()

@@ -8,13 +8,14 @@ both return one, so the same files (sim.results.files) and pictures
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from sim.config.scenario import Scenario
 from sim.core.kv import KVBudget
 from sim.results.metrics import RunRecorder
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,29 +1,33 @@
 """A run's steady-state figures: the measurement window, 95% intervals, and sustained or not.
 
-Built on the per-request columns (sim.results.requests) and the ITL slices,
-so it reads what both worlds record. The rules (docs/statistics.md):
-- window: MSER-5 on E2E latency and on the number in the system each arrival
-  finds, in arrival order, from each end (steady_state);
-- intervals: batch means over the window, `num_batches` of them: time slices
-  for the rates, arrival-order groups for attainment and latencies (sectioning
-  for percentiles), ITL slices for ITL (intervals);
+Built on the requests' time batches (sim.results.batches) and the ITL slices,
+so it reads what both worlds record, in memory bounded however many requests
+ran. The rules (docs/statistics.md):
+- window: MSER on the batches' mean E2E latency (weighted by their finished
+  requests) and their time-average number in the system, from each end; the
+  cut drops whole batches (steady_state.weighted_mser_cut);
+- intervals: batch means over the window's batches in `num_batches` contiguous
+  groups: each group's finishes for the rates, arrivals for attainment, merged
+  sketches for latencies (sectioning for percentiles), ITL slices for ITL
+  (intervals);
 - sustained: the achieved rate's upper bound >= 0.98 x the offered rate over the
-  window, and no upward Mann-Kendall trend (one-sided p < 0.01) in batch means
-  of the waiting time (queue_s).
+  window, and no upward Mann-Kendall trend (one-sided p < 0.01) in the groups'
+  mean waiting time (queue).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from sim.results.batches import Latency, RequestBatches
 from sim.results.intervals import Interval, pooled, spread_interval
 from sim.results.itl_slices import ITLSlices
-from sim.results.slo import SLO, meets_slo
-from sim.results.steady_state import Window, batch_means, mann_kendall, measurement_window
+from sim.results.steady_state import Window, mann_kendall, weighted_mser_cut
 
 NUM_BATCHES = 20
 KEEP_UP = 0.98  # the achieved rate's upper bound must reach this share of the offered rate
@@ -39,88 +43,137 @@ def ci_keys(with_slo: bool) -> list[str]:
     return rates + [f"{s}_{m}_ms" for m in LATENCIES for s, _ in LATENCY_STATS]
 
 
-def _latency_stats(values_s: np.ndarray) -> list[float]:
-    v = values_s[~np.isnan(values_s)]
-    if v.size == 0:
+def _latency_stats(latency: Latency) -> list[float]:
+    """[mean, median, p90, p99] in ms: the mean exact, the percentiles the sketch's."""
+    if not latency.moments.count:
         return [math.nan] * len(LATENCY_STATS)
-    return [float(v.mean() * 1e3) if q is None else float(np.percentile(v, q) * 1e3)
-            for _, q in LATENCY_STATS]
-
-
-def _groups(n: int, k: int) -> list[np.ndarray]:
-    return np.array_split(np.arange(n), k) if n >= k else [np.arange(n)]
+    pct = latency.sketch.quantiles([q / 100.0 for _, q in LATENCY_STATS[1:]])
+    return [latency.moments.mean * 1e3, *(float(x) * 1e3 for x in pct)]
 
 
 def _num_batches(n: int, wanted: int) -> int:
     return max(2, min(wanted, n // 10))
 
 
-def window_intervals(r: dict[str, np.ndarray], window: Window, itl: ITLSlices | None,
-                     slo: SLO | None, num_batches: int = NUM_BATCHES) -> dict[str, Interval]:
-    """Every headline metric over `window`, with its batch-means interval."""
+@dataclass(frozen=True, slots=True)
+class BatchWindow:
+    """The window as whole time batches [lo, hi) of `RequestBatches`, and its clipped span."""
+
+    window: Window
+    lo: int
+    hi: int
+
+
+def _kept_batches(series: np.ndarray, weights: np.ndarray) -> tuple[int, int]:
+    """MSER from the start, then on what is left from the end: the kept batches [lo, hi)."""
+    head = weighted_mser_cut(series, weights)
+    tail = weighted_mser_cut(series[head:][::-1], weights[head:][::-1])
+    return head, series.size - tail
+
+
+def batch_window(batches: RequestBatches) -> BatchWindow:
+    """MSER on the batches' mean E2E latency (weighted by finished requests) and their mean
+    number in the system, from the start and then from the end; the later start and the
+    earlier end of the two win, as whole batches (docs/statistics.md). The window's span
+    is clipped to the first and last arrival; too little kept: the whole run."""
+    rows = batches.batches()
+    first_s, last_s = batches.first_arrival_s, batches.last_arrival_s
+    if not rows or not math.isfinite(first_s):
+        return BatchWindow(Window(math.nan, math.nan, 0, 0, 0), 0, 0)
+    w = batches.width_s
+    first, last = int(first_s / w), min(int(last_s / w), len(rows) - 1)
+    part = rows[first: last + 1]
+    e2el = np.array([b.latency["e2el"].moments.mean if "e2el" in b.latency else math.nan
+                     for b in part])
+    done = np.array([b.latency["e2el"].moments.count if "e2el" in b.latency else 0
+                     for b in part], dtype=np.float64)
+    spans = [_kept_batches(e2el, done),
+             _kept_batches(batches.in_system_means()[first: last + 1], np.ones(len(part)))]
+    lo, hi = max(s[0] for s in spans), min(s[1] for s in spans)
+    arrived = np.array([b.arrived for b in part])
+    if hi - lo < 1 or arrived[lo:hi].sum() < 2:
+        lo, hi = 0, len(part)
+    start_s, end_s = max((first + lo) * w, first_s), min((first + hi) * w, last_s)
+    window = Window(start_s, end_s, int(arrived[:lo].sum()), int(arrived[hi:].sum()),
+                    int(arrived[lo:hi].sum()))
+    return BatchWindow(window, first + lo, first + hi)
+
+
+def window_intervals(batches: RequestBatches, where: BatchWindow, itl: ITLSlices | None,
+                     num_batches: int = NUM_BATCHES) -> dict[str, Interval]:
+    """Every headline metric over the window, with its batch-means interval: the window's
+    time batches in `k` contiguous groups, each group's sketches merged."""
     out: dict[str, Interval] = {}
-    dur = window.duration_s
-    inside = window.holds(r["arrival_s"])
-    k = _num_batches(int(inside.sum()), num_batches)
-    finish = r["finish_s"]
-    edges = window.start_s + dur * np.arange(k + 1) / k
-    width = dur / k
+    window = where.window
+    rows = batches.batches()[where.lo: where.hi]
+    k = min(_num_batches(window.kept, num_batches), len(rows))
+    groups = [[rows[i] for i in ix] for ix in np.array_split(np.arange(len(rows)), k)]
+    w = batches.width_s
+    edges = [where.lo + int(ix[0]) for ix in np.array_split(np.arange(len(rows)), k)]
+    starts = [max(e * w, window.start_s) for e in edges]
+    ends = [*starts[1:], window.end_s]
+    durations = np.array(ends) - np.array(starts)
 
-    def rate_of(times: np.ndarray) -> Interval:
-        counts = np.histogram(times, bins=edges)[0]
-        return spread_interval(counts / width, centre=counts.sum() / dur)
+    def rate_of(field: str) -> Interval:
+        counts = np.array([sum(getattr(b, field) for b in g) for g in groups], np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per = np.where(durations > 0, counts / durations, math.nan)
+        dur = window.duration_s
+        return spread_interval(per, centre=counts.sum() / dur if dur > 0 else math.nan)
 
-    done = r["finished"] & window.holds(np.nan_to_num(finish, nan=-math.inf))
-    out["request_throughput"] = rate_of(finish[done])
-    order = np.argsort(r["arrival_s"], kind="stable")
-    arriving = order[inside[order]]
-    if slo is not None and slo.has_bounds:
-        good = meets_slo(r, slo)
-        out["request_goodput"] = rate_of(finish[done & good])
-        g = good[arriving].astype(np.float64)
-        share = spread_interval(np.array([g[ix].mean() for ix in _groups(g.size, k)]),
-                                centre=float(g.mean()) if g.size else math.nan)
+    out["request_throughput"] = rate_of("done_here")
+    if batches.slo is not None:
+        out["request_goodput"] = rate_of("good_here")
+        good = np.array([sum(b.good for b in g) for g in groups], dtype=np.float64)
+        arrived = np.array([sum(b.arrived for b in g) for g in groups], dtype=np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = spread_interval(good / arrived, centre=good.sum() / arrived.sum()
+                                    if arrived.sum() else math.nan)
         out["slo_attainment"] = share.clipped(0.0, 1.0)
-    kept = arriving[r["finished"][arriving]]
-    groups = _groups(kept.size, k)
     for metric in ("ttft", "tpot", "e2el", "queue"):
-        col = r[f"{metric}_s"][kept]
-        whole = _latency_stats(col)
-        per = np.array([_latency_stats(col[ix]) for ix in groups])
+        whole = _latency_stats(batches.latency(metric, rows))
+        per = np.array([_latency_stats(batches.latency(metric, g)) for g in groups])
         for j, (stat, _) in enumerate(LATENCY_STATS):
             out[f"{stat}_{metric}_ms"] = spread_interval(per[:, j], centre=whole[j])
     qs = [q if q is not None else 50.0 for _, q in LATENCY_STATS[1:]]
     slices = itl.inside(window.start_s, window.end_s) if itl is not None else []
-    whole = (itl.stats(slices, qs) * 1e3 if slices
-             else np.full(len(LATENCY_STATS), math.nan))
-    per = (np.array([itl.stats([slices[i] for i in ix], qs) * 1e3
-                     for ix in _groups(len(slices), min(k, len(slices)))])
-           if len(slices) >= 2 else np.full((1, len(LATENCY_STATS)), math.nan))
+    whole_itl = (itl.stats(slices, qs) * 1e3 if slices
+                 else np.full(len(LATENCY_STATS), math.nan))
+    per_itl = (np.array([itl.stats([slices[i] for i in ix], qs) * 1e3
+                         for ix in _groups(len(slices), min(k, len(slices)))])
+               if len(slices) >= 2 else np.full((1, len(LATENCY_STATS)), math.nan))
     for j, (stat, _) in enumerate(LATENCY_STATS):
-        out[f"{stat}_itl_ms"] = spread_interval(per[:, j], centre=float(whole[j]))
+        out[f"{stat}_itl_ms"] = spread_interval(per_itl[:, j], centre=float(whole_itl[j]))
     return out
 
 
-def upward_trend(r: dict[str, np.ndarray], window: Window,
+def _groups(n: int, k: int) -> list[np.ndarray]:
+    return np.array_split(np.arange(n), k) if n >= k else [np.arange(n)]
+
+
+def upward_trend(batches: RequestBatches, where: BatchWindow,
                  num_batches: int = NUM_BATCHES) -> float:
-    """Mann-Kendall's one-sided p-value of an upward trend in the window's waiting times."""
-    order = np.argsort(r["arrival_s"], kind="stable")
-    inside = window.holds(r["arrival_s"][order]) & r["finished"][order]
-    waits = r["queue_s"][order][inside]
-    return mann_kendall(batch_means(waits, _num_batches(waits.size, num_batches))).p_value
+    """Mann-Kendall's one-sided p-value of an upward trend in the window's waiting times:
+    the mean wait of each of `k` contiguous groups of its batches."""
+    rows = batches.batches()[where.lo: where.hi]
+    k = min(_num_batches(where.window.kept, num_batches), len(rows))
+    means = [batches.latency("queue", [rows[i] for i in ix]).moments
+             for ix in np.array_split(np.arange(len(rows)), k)]
+    return mann_kendall(np.array([m.mean for m in means if m.count])).p_value
 
 
-def steady_summary(r: dict[str, np.ndarray], itl: ITLSlices | None, slo: SLO | None,
+def steady_summary(batches: RequestBatches, itl: ITLSlices | None,
                    num_batches: int = NUM_BATCHES) -> dict[str, Any]:
-    """summary.json's `window`, `ci95` (batch means) and `sustained` from one run."""
-    leave_s = np.where(r["finished"], r["finish_s"], r["arrival_s"])
-    window = measurement_window(r["arrival_s"], r["e2el_s"], leave_s)
+    """summary.json's `window`, `ci95` (batch means) and `sustained` from one run's batches
+    (their SLO, if any, gives goodput and attainment)."""
+    where = batch_window(batches)
+    window = where.window
     if not window.kept >= 2 or not window.duration_s > 0:
         return {"window": _window_dict(window, math.nan), "ci95": {}, "sustained": False,
                 "sustained_checks": {"reason": "fewer than two requests in the window"}}
     offered = (window.kept - 1) / window.duration_s
-    intervals = window_intervals(r, window, itl, slo, num_batches)
-    p_trend = upward_trend(r, window, num_batches)
+    intervals = window_intervals(batches, where, itl, num_batches)
+    p_trend = upward_trend(batches, where, num_batches)
     return {"window": _window_dict(window, offered),
             "ci95": {"method": "batch means", **{k: v.as_dict() for k, v in intervals.items()}},
             **sustained_block(intervals["request_throughput"].hi, offered, [p_trend])}
@@ -130,7 +183,7 @@ def _window_dict(window: Window, offered: float) -> dict[str, Any]:
     return {"start_s": window.start_s, "end_s": window.end_s,
             "excluded_start": window.excluded_start, "excluded_end": window.excluded_end,
             "requests": window.kept, "offered_rate": offered,
-            "rule": "MSER-5 on E2E latency and on the number in the system at arrival, "
+            "rule": "MSER on time batches' mean E2E latency and number in the system, "
                     "from the start and from the end"}
 
 

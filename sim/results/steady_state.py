@@ -48,6 +48,28 @@ def mser_cut(series: np.ndarray, batch: int = MSER_BATCH) -> int:
     return int(np.argmin(stat[: d_max + 1])) * batch
 
 
+def weighted_mser_cut(means: np.ndarray, weights: np.ndarray) -> int:
+    """How many leading batches MSER truncates from batch `means` of `weights` samples each.
+
+    MSER's statistic with batches of unequal size: over the batches kept,
+    sum(w_j (z_j - mean)^2) / (sum w_j)^2, the weighted mean being theirs; with
+    equal weights it is mser_cut's on the batch means. Batches of weight 0 (no
+    samples) count for nothing; only the first half of the batches may be cut.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    m = w.size
+    if m < 2 or not w.sum() > 0:
+        return 0
+    z = np.where(w > 0, np.nan_to_num(np.asarray(means, dtype=np.float64)), 0.0)
+    z = z - np.average(z, weights=w)  # centred: the sums below do not cancel
+    tail_w = np.cumsum(w[::-1])[::-1]
+    tail_sum = np.cumsum((w * z)[::-1])[::-1]
+    tail_sq = np.cumsum((w * z * z)[::-1])[::-1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        stat = np.where(tail_w > 0, (tail_sq - tail_sum**2 / tail_w) / tail_w**2, np.inf)
+    return int(np.argmin(stat[: m // 2 + 1]))
+
+
 @dataclass(frozen=True, slots=True)
 class Window:
     """The measurement window: requests arriving in [start_s, end_s]; the rest cut."""

@@ -59,7 +59,8 @@ def replica_rows(summaries: Sequence[dict[str, Any]], fleet_summary: dict[str, A
             for i, summary in enumerate(summaries)]
 
 
-def _slo(scenario: Scenario) -> SLO | None:
+def scenario_slo(scenario: Scenario) -> SLO | None:
+    """The scenario's SLO as the recorder takes it (None without one)."""
     if scenario.slo is None:
         return None
     return SLO(scenario.slo.ttft_ms, scenario.slo.tpot_ms, scenario.slo.e2el_ms)
@@ -72,7 +73,7 @@ def summarize(scenario: Scenario, budget: KVBudget, recorder: RunRecorder,
     The fleet passes every replica; a replica's own row passes just its own.
     KV pool figures are per replica (all replicas are identical).
     """
-    slo = _slo(scenario)
+    slo = scenario_slo(scenario)
     kv = setups[0].kv
     summary = recorder.summary(
         slo=slo, kv_blocks_total=kv.num_usable_blocks, block_size=scenario.kv.block_size,
@@ -103,8 +104,8 @@ def run_summary(scenario: Scenario, budget: KVBudget, recorder: RunRecorder,
     else:  # one replica: its row is the run's summary (same recorder), no second summary
         parts = [summary] * len(replica_recorders)
     summary["replicas"] = replica_rows(parts, summary)
-    summary.update(steady_summary(recorder.request_arrays(), recorder.itl_slices,
-                                  _slo(scenario)))
+    summary.update(steady_summary(recorder.request_batches(scenario_slo(scenario)),
+                                  recorder.itl_slices))
     summary["latency_model"] = latency_name
     summary["simulation_wall_s"] = wall_s
     return summary
