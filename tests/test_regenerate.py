@@ -58,8 +58,11 @@ def test_a_step_run_alone_replaces_only_its_own_section(tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]
                                                         ) -> None:
     figures, readme = tmp_path / "figures.md", tmp_path / "README.md"
-    readme.write_text((ROOT / "README.md").read_text())
-    before = (ROOT / "README.md").read_bytes()
+    head = "$ servesim capacity --model llama-3-8b"
+    text = (ROOT / "README.md").read_text()
+    start = text.index("\n", text.index(head)) + 1
+    readme.write_text(text[:start] + "stale sheet\n" + text[text.index("```", start):])
+    before = (ROOT / "README.md").stat().st_mtime_ns
     argv = ["--work", str(tmp_path / "work"), "--figures", str(figures), "--readme", str(readme)]
     assert regenerate.main(["--only", "capacity", *argv]) == 0
     first = regenerate.read_sections(figures.read_text())
@@ -76,5 +79,6 @@ def test_a_step_run_alone_replaces_only_its_own_section(tmp_path: Path,
     assert "docs/tokens_sample.txt: one text" in both["tokens"]
     out = capsys.readouterr().out
     assert "[1/1] capacity: done in" in out and "[1/1] tokens: done in" in out
-    assert (ROOT / "README.md").read_bytes() == before  # only the copy was refreshed
-    assert "$ servesim capacity --model llama-3-8b" in readme.read_text()
+    assert (ROOT / "README.md").stat().st_mtime_ns == before  # only the copy was refreshed
+    refreshed = readme.read_text()
+    assert "stale sheet" not in refreshed and "roofline step" in refreshed

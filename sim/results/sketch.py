@@ -138,13 +138,22 @@ class QuantileSketch:
         gamma = math.exp(1.0 / self._inv_log_gamma)
         values = np.concatenate([[0.0], 2.0 * np.exp(keys / self._inv_log_gamma) / (gamma + 1)])
         cum = np.cumsum(np.concatenate([[self.zeros], counts]))
-        values = np.clip(values, self.min, self.max)
+        return linear_quantiles(values, cum, q, self.min, self.max)
 
-        def order_stat(rank: np.ndarray) -> np.ndarray:
-            x = values[np.searchsorted(cum, rank, side="right")]
-            return np.where(rank == 0, self.min, np.where(rank == n - 1, self.max, x))
 
-        pos = (n - 1) * q
-        lo = np.floor(pos).astype(np.int64)
-        a, b = order_stat(lo), order_stat(np.minimum(lo + 1, n - 1))
-        return a + (b - a) * (pos - lo)
+def linear_quantiles(values: np.ndarray, cum: np.ndarray, q: np.ndarray, lowest: float,
+                     highest: float) -> np.ndarray:
+    """np.quantile's 'linear' rule over bucketed samples: bucket j stands for `values[j]`,
+    `cum` is the running count; the first and last order statistics are the exact
+    `lowest` and `highest`, and every bucket value is clipped to them."""
+    n = int(cum[-1])
+    values = np.clip(values, lowest, highest)
+
+    def order_stat(rank: np.ndarray) -> np.ndarray:
+        x = values[np.searchsorted(cum, rank, side="right")]
+        return np.where(rank == 0, lowest, np.where(rank == n - 1, highest, x))
+
+    pos = (n - 1) * q
+    lo = np.floor(pos).astype(np.int64)
+    a, b = order_stat(lo), order_stat(np.minimum(lo + 1, n - 1))
+    return a + (b - a) * (pos - lo)

@@ -17,6 +17,8 @@ from math import log
 
 import numpy as np
 
+from sim.results.sketch import linear_quantiles
+
 PERCENTILES: tuple[int, ...] = (90, 95, 99)
 STAT_NAMES: tuple[str, ...] = ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES))
 
@@ -164,17 +166,8 @@ class LogHistogram:
         cum = np.cumsum(np.array(self._counts, dtype=np.int64))
         idx = np.arange(self._top + 1, dtype=np.float64)
         mids = np.exp((idx + 0.5 + self._offset) / self._scale)
-        mids[0], mids[-1] = -math.inf, math.inf
-        mids = np.clip(mids, self.min_s, self.max_s)
-
-        def order_stat(rank: np.ndarray) -> np.ndarray:
-            x = mids[np.searchsorted(cum, rank, side="right")]
-            return np.where(rank == 0, self.min_s, np.where(rank == n - 1, self.max_s, x))
-
-        pos = (n - 1) * q
-        lo = np.floor(pos).astype(np.int64)
-        a, b = order_stat(lo), order_stat(np.minimum(lo + 1, n - 1))
-        return a + (b - a) * (pos - lo)
+        mids[0], mids[-1] = -math.inf, math.inf  # under- and overflow: clipped to min, max
+        return linear_quantiles(mids, cum, q, self.min_s, self.max_s)
 
     def describe_ms(self) -> dict[str, float]:
         """The same keys as `describe_ms`, in ms."""
