@@ -114,8 +114,10 @@ def apply_run(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
         n = len(batch.reqs)
         state = batch.state
         state[COMPUTED:DONE + 1, :n] += k
-        done = (state[DONE, :n] == state[TARGET, :n]).nonzero()[0]
-        if not done.size:
+        # only a segment's last step has finishers (an arrival may cut it before)
+        done = (state[DONE, :n] == state[TARGET, :n]).nonzero()[0] \
+            if stop == start + length else ()
+        if not len(done):
             out.append(RunSegment(first, _part(run, k, shape, used), None))
             continue
         plan = StepPlan(tuple(batch.rids), (1,) * n, tuple((state[COMPUTED, :n] - 1).tolist()),
