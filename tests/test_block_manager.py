@@ -279,3 +279,18 @@ class SharedPrefixMachine(RuleBasedStateMachine):
 
 
 TestSharedPrefixMachine = SharedPrefixMachine.TestCase
+
+
+def test_without_a_prefix_cache_each_held_block_has_one_holder() -> None:
+    """Refcounts are left to the tables when nothing can share a block: 1 held, 0 free."""
+    kv = PagedBlockManager(20, 4)
+    assert kv.allocate(1, 9) == 0 and kv.allocate(2, 4) == 0
+    kv.cache_computed(1, 8)  # names nothing without the cache
+    assert kv.num_cached_blocks == 0
+    held = kv.block_table(1) + kv.block_table(2)
+    assert [kv.refcount(b) for b in held] == [1] * 4
+    kv.free(1)
+    assert [kv.refcount(b) for b in held] == [0, 0, 0, 1]
+    assert kv.allocate(3, 12) == 0
+    assert kv.block_table(3) == held[2::-1]  # the freed table's tail reused first
+    kv.check_invariants()

@@ -11,6 +11,7 @@ batching, fleets behind routers, and the TTFT diagnosis observing it all.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -194,6 +195,18 @@ def test_batched_pricing_equals_step_time(n, context_sum, pad, steps, model, tp,
         fast = latency.decode_run_s(shape, steps)
         assert fast.tolist() == [latency.step_time(decode_shape(shape, s))
                                  for s in range(steps)]
+
+
+def test_decode_shape_keeps_every_other_field() -> None:
+    """decode_shape builds the shape field by field: a field it forgot would fall back to
+    its default here (every field set, none to its default)."""
+    values = iter(range(1, 100))
+    shape = StepShape(*((next(values),) if f.type.startswith("tuple") else next(values)
+                        for f in dataclasses.fields(StepShape)))
+    assert decode_shape(shape, 0) == shape
+    assert decode_shape(shape, 3) == dataclasses.replace(
+        shape, decode_context_sum=shape.decode_context_sum + 3 * shape.num_decodes,
+        decode_context_max=shape.decode_context_max + 3)
 
 
 def logged(scheduler: ContinuousScheduler, log: list) -> None:

@@ -144,3 +144,23 @@ def test_more_work_never_takes_less_time(shape: StepShape, extra: int, context: 
                        shape.decode_context_sum, shape.decode_context_max,
                        shape.padded_batch + 1)
     assert ROOF.step_time(bigger) >= ROOF.step_time(shape)
+
+
+@given(st.lists(shapes, min_size=2, max_size=6))
+def test_remembered_parts_price_as_a_fresh_model(steps: list[StepShape]) -> None:
+    """The memo of context-free parts hands back the very floats a cold model computes,
+    whatever was priced before (shapes sharing rows but not contexts included)."""
+    warm = RooflineLatency(LLAMA_8B, H100)
+    seen = [warm.step_time(s) for s in steps + steps[::-1]]
+    cold = [RooflineLatency(LLAMA_8B, H100).step_time(s) for s in steps + steps[::-1]]
+    assert seen == cold
+    assert [warm.step_time(s) for s in steps] == cold[:len(steps)]
+
+
+def test_remembered_parts_stay_bounded() -> None:
+    from sim.latency.roofline import MEMO_SHAPES
+
+    model = RooflineLatency(LLAMA_8B, H100)
+    for batch in range(1, MEMO_SHAPES + 50):
+        model.step_time(decode(batch, 100))
+    assert 0 < len(model._memo) <= MEMO_SHAPES  # noqa: SLF001 - the bound is the point

@@ -17,11 +17,13 @@ block order, as vLLM's queue starts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class FreeQueue:
     """Free blocks 1 .. num_blocks - 1 (block 0 is the null block), front first."""
 
-    __slots__ = ("_front", "_fifo", "_head", "_stale", "_num_stale")
+    __slots__ = ("_front", "_fifo", "_head", "_stale", "_num_stale", "_size")
 
     def __init__(self, num_blocks: int) -> None:
         self._front: list[int] = []  # its end is the queue's front
@@ -29,28 +31,33 @@ class FreeQueue:
         self._head = 0
         self._stale = [0] * num_blocks  # per block: FIFO entries a hit invalidated
         self._num_stale = 0
+        self._size = num_blocks - 1  # free blocks: asked for at every admission and step
 
     def __len__(self) -> int:
-        return len(self._front) + len(self._fifo) - self._head - self._num_stale
+        return self._size
 
-    def push_front(self, blocks: list[int]) -> None:
+    def push_front(self, blocks: Sequence[int]) -> None:
         """Put blocks without a name at the front; the last of `blocks` is taken first."""
         self._front += blocks
+        self._size += len(blocks)
 
     def push_back(self, blocks: list[int]) -> None:
         """Put named blocks at the back, in order."""
         self._fifo += blocks
+        self._size += len(blocks)
 
     def remove(self, block: int) -> None:
         """Take a free named block out of the middle (a prefix hit on it)."""
         self._stale[block] += 1
         self._num_stale += 1
+        self._size -= 1
 
     def pop(self, count: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The next `count` blocks: (those from the front, never named; those from the back).
 
         The caller knows there are enough.
         """
+        self._size -= count
         front, taken = self._front, ()
         if front and count:
             n = min(count, len(front))

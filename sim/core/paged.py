@@ -36,7 +36,10 @@ class PagedBlockManager:
         self.enable_prefix_cache = enable_prefix_cache
         self.host_swap_blocks = host_swap_blocks
         self._queue = FreeQueue(num_blocks)
-        self._refcounts = [0] * num_blocks
+        # holders per block; only a prefix cache shares blocks, so without one a block is
+        # held by at most one table and the count (0 or 1) is left to the tables: taking
+        # and freeing whole tables then costs a slice, not a loop over their blocks
+        self._refcounts: list[int] | None = [0] * num_blocks if enable_prefix_cache else None
         self._tables: dict[int, tuple[int, ...]] = {}
         self._prefix = PrefixIndex(block_size)
         self._host: dict[int, int] = {}  # request -> blocks parked in the host pool
@@ -57,7 +60,7 @@ class PagedBlockManager:
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_usable_blocks - self.num_free_blocks
+        return self.num_blocks - 1 - len(self._queue)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -83,6 +86,8 @@ class PagedBlockManager:
         return len(self._tables.get(request_id, ())) * self.block_size
 
     def refcount(self, block: int) -> int:
+        if self._refcounts is None:
+            return sum(block in table for table in self._tables.values())
         return self._refcounts[block]
 
     def block_hash(self, block: int) -> int | None:
@@ -103,7 +108,7 @@ class PagedBlockManager:
         request admitted later in the same step already hits it.
         """
         table = self._tables.get(request_id)
-        if table is not None:
+        if table is not None and self.enable_prefix_cache:  # names exist only with the cache
             self._prefix.name(request_id, table, num_tokens)
 
     def _hold_names(self, request_id: int, request: Request | None, num_named: int) -> None:
@@ -131,7 +136,10 @@ class PagedBlockManager:
         if request is not None and self.enable_prefix_cache:
             hits = self._prefix.match(request)[:max(0, (num_tokens - 1) // self.block_size)]
         refcounts = self._refcounts
-        revived = sum(1 for b in hits if not refcounts[b])  # hits that leave the free queue
+        revived = 0  # hits that leave the free queue
+        if hits:
+            assert refcounts is not None
+            revived = sum(1 for b in hits if not refcounts[b])
         free = self.num_free_blocks - revived - reserve
         if full_sequence_tokens is not None and \
                 self.blocks_for(full_sequence_tokens) - len(hits) > free:
@@ -140,6 +148,7 @@ class PagedBlockManager:
         if needed > free:
             return -1
         for block in hits:
+            assert refcounts is not None
             if not refcounts[block]:
                 self._queue.remove(block)
             refcounts[block] += 1
@@ -190,6 +199,9 @@ class PagedBlockManager:
         self._prefix.release(request_id)
         refcounts, hashes = self._refcounts, self._prefix.names
         table = self._tables.pop(request_id, ())
+        if refcounts is None:  # no prefix cache: no names, every block its table's alone
+            self._queue.push_front(table)
+            return
         for block in table:
             refcounts[block] -= 1
         released = [block for block in table if not refcounts[block]]  # head first
@@ -202,6 +214,8 @@ class PagedBlockManager:
     def _take(self, count: int) -> tuple[int, ...]:
         front, back = self._queue.pop(count)
         refcounts = self._refcounts
+        if refcounts is None:
+            return front + back if back else front
         for block in front:
             refcounts[block] = 1
         if not back:
@@ -270,7 +284,7 @@ class PagedBlockManager:
         assert len(holders) + len(free) == self.num_usable_blocks, "free + used != total"
         assert not holders.keys() & free, "a block is both free and used"
         assert all(1 <= b < self.num_blocks for b in free), "free block id out of range"
-        for b, count in enumerate(self._refcounts):
+        for b, count in enumerate(self._refcounts or ()):
             assert count >= 0, f"block {b} refcount {count} < 0"
             assert count == holders.get(b, 0), f"block {b} refcount {count} != its holders"
         self._prefix.check()

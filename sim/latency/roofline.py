@@ -73,6 +73,11 @@ __all__ = ["PARTS", "RooflineLatency", "model_dims"]
 PARTS = ("gemm_s", "small_s", "attention_s", "lm_head_s", "overhead_s", "allreduce_s")
 # Fixed cost of one small all-reduce (custom all-reduce / NCCL LL on NVLink).
 DEFAULT_ALLREDUCE_LATENCY_S = 8e-6
+# Row counts whose context-free parts a model remembers (see RooflineLatency._fixed_parts);
+# past it the memo starts again, so memory stays bounded by the budget's row counts.
+MEMO_SHAPES = 4096
+# A run this long or longer is priced in numpy; shorter in plain floats (same floats).
+NUMPY_RUN_STEPS = 12
 
 
 def _check_fraction(name: str, value: float) -> None:
@@ -126,6 +131,11 @@ class RooflineLatency:
     _allreduce_bytes_per_token: float = field(init=False, repr=False, compare=False)
     _allreduce_fixed_s: float = field(init=False, repr=False, compare=False)
     _all_to_all_fixed_s: float = field(init=False, repr=False, compare=False)
+    # (rows, sequences, logit rows) -> _fixed_parts: steps repeat these shapes by the
+    # thousand (a decode step's rows are its batch), and the GEMMs' tile-and-wave pricing
+    # is most of a step's price; the memo holds the very floats computed the first time
+    _memo: dict[tuple[float, float, float], tuple[float, float, float, float, float]] = field(
+        init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         m, tp, ep, hw = self.model, self.tp, self.ep, self.hardware
@@ -186,6 +196,7 @@ class RooflineLatency:
             "_allreduce_fixed_s": reduces * self.allreduce_latency_s if multi_gpu else 0.0,
             "_all_to_all_fixed_s": (2 * m.moe_layers * self.allreduce_latency_s
                                     if ep > 1 else 0.0),
+            "_memo": {},
         }
         for key, value in values.items():
             object.__setattr__(self, key, value)
@@ -206,9 +217,16 @@ class RooflineLatency:
                                                  tuple[float, float], float, float]:
         """Token rows; (query-key pairs, KV tokens touched) per attending layer of the
         decodes' kernel and of the prefill chunks' kernel; sequences; logit rows."""
+        decodes = shape.num_decodes
+        if not shape.prefill_chunk_tokens and not shape.num_spec_tokens:
+            # plain decodes (most steps): the general path below with nothing to add
+            decode_context = self._attended(shape.decode_context_sum, decodes)
+            padding = max(0, shape.padded_batch - decodes)
+            return (float(decodes + padding), (0.0 + (decode_context + decodes),
+                                               float(decode_context + decodes)),
+                    (0.0, 0.0), float(decodes), float(decodes + padding))
         prefill_tokens = 0
         prefill_pairs = prefill_kv = 0.0
-        decodes = shape.num_decodes
         decode_context = self._attended(shape.decode_context_sum, decodes)
         for chunk, context in zip(shape.prefill_chunk_tokens, shape.prefill_context_tokens,
                                   strict=True):
@@ -281,16 +299,30 @@ class RooflineLatency:
         rows, decode, prefill, seqs, logit_rows = self._counts(shape)
         if rows == 0:
             return ()
-        p, dims, b = self._p, self._dims, self._bytes_per_s
-        small = 0.0
-        for g in self._groups:
-            small += g.group.layers * small_kernels_s(g.group.dims, rows, b, p, self._act_bytes)
-        return (self._gemms_s(rows),
-                small,
-                self._attention_s(decode, prefill),
-                self._lm_head.seconds(logit_rows) + sampling_s(dims, logit_rows, b, p),
-                cpu_overhead_s(seqs, p),
-                self._collectives_s(rows))
+        gemms_s, small_s, lm_head_s, cpu_s, collectives_s = self._fixed_parts(
+            rows, seqs, logit_rows)
+        return (gemms_s, small_s, self._attention_s(decode, prefill), lm_head_s, cpu_s,
+                collectives_s)
+
+    def _fixed_parts(self, rows: float, seqs: float, logit_rows: float
+                     ) -> tuple[float, float, float, float, float]:
+        """The parts that do not depend on the contexts (all but attention), remembered."""
+        key = (rows, seqs, logit_rows)
+        memo = self._memo
+        parts = memo.get(key)
+        if parts is None:
+            p, dims, b = self._p, self._dims, self._bytes_per_s
+            small = 0.0
+            for g in self._groups:
+                small += g.group.layers * small_kernels_s(g.group.dims, rows, b, p,
+                                                          self._act_bytes)
+            parts = (self._gemms_s(rows), small,
+                     self._lm_head.seconds(logit_rows) + sampling_s(dims, logit_rows, b, p),
+                     cpu_overhead_s(seqs, p), self._collectives_s(rows))
+            if len(memo) >= MEMO_SHAPES:
+                memo.clear()
+            memo[key] = parts
+        return parts
 
     def _work(self, rows: float, pairs: float, kv_tokens: float, logit_rows: float
               ) -> dict[str, float]:
@@ -335,8 +367,9 @@ class RooflineLatency:
     def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
         """step_time of each step of a decode run (sim.core.decode_run): only attention
         grows with the contexts, so the other parts are priced once and each step's sum is
-        step_time's, part for part in the same order (plain floats: numpy's power could
-        round differently). Mirrors _counts for a decode-only shape."""
+        step_time's, part for part in the same order (IEEE sums and products, the same in
+        numpy as in plain floats; numpy's power is never used). Mirrors _counts for a
+        decode-only shape."""
         parts = self._parts(shape)
         if not parts:
             return np.zeros(steps)
@@ -348,6 +381,12 @@ class RooflineLatency:
         launch_s, min_s, pair_s, token_s = cost.launch_s, cost.min_s, cost.pair_s, cost.token_s
         head = 0 + gemms_s + small_s  # sum()'s first two additions
         first = shape.decode_context_sum
+        if steps >= NUMPY_RUN_STEPS and not self._sliding_share and n:
+            # context + n for every step; pairs and KV tokens are its float (n >= 1: pairs)
+            tokens = (first + n + n * np.arange(steps)).astype(np.float64)
+            compute, memory = tokens * pair_s, tokens * token_s
+            t = launch_s + np.maximum(compute, memory)
+            return head + layers * np.maximum(t, min_s) + lm_head_s + cpu_s + collectives_s
         attended = self._attended if self._sliding_share else None
         out = []
         for s in range(steps):

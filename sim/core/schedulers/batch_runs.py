@@ -34,48 +34,65 @@ def describe_run(batch: RunningBatch, kv: KVManager, paged: bool,
     state = batch.state
     computed = state[COMPUTED, :n]
     finish = state[TARGET, :n] - state[DONE, :n] - 1  # the step each one finishes in
-    last = int(np.minimum.reduce(finish)) if num_waiting else int(np.maximum.reduce(finish))
+    first_out = int(np.minimum.reduce(finish))
+    last = first_out if num_waiting else int(np.maximum.reduce(finish))
     steps = min(last + 1, max_steps)
     if steps < 2:
         return None
     bs = batch.block_size
-    phase = (-computed) % bs
-    used = np.full(steps, kv.num_used_blocks, dtype=np.int64)
-    gone = (finish < steps - 1).nonzero()[0].tolist()  # finish before the last step
+    used0 = kv.num_used_blocks
     if paged:
-        taken = np.bincount(phase, minlength=bs)[np.arange(steps) % bs]
-        if gone:
-            for f, ph in zip(finish[gone].tolist(), phase[gone].tolist(), strict=True):
-                taken[f + 1 + (ph - f - 1) % bs::bs] -= 1  # the block steps after it left
-        taken = np.cumsum(taken)
-        fits = int(np.searchsorted(taken, kv.num_free_blocks, side="right"))
+        taken = np.cumsum(_blocks_taken(computed, finish, steps, bs))
+        fits = int(taken.searchsorted(kv.num_free_blocks, side="right"))
         if fits < steps:
             steps = fits
             if steps < 2:
                 return None
-            taken, used = taken[:steps], used[:steps]
-        used += taken
-    segments = [(0, _shape(n, int(np.add.reduce(computed)),
-                                int(np.maximum.reduce(computed)), graph_sizes))]
-    if gone:  # the rows left after each finishers' step: a suffix in finish order
-        by_finish = np.argsort(finish, kind="stable")
-        ends = finish[by_finish]
-        contexts = computed[by_finish]
-        suffix_sum = np.cumsum(contexts[::-1])[::-1].tolist()
-        suffix_max = np.maximum.accumulate(contexts[::-1])[::-1].tolist()
-        ends_at = np.unique(ends[ends < steps - 1])
-        for f, left in zip(ends_at.tolist(),
-                           np.searchsorted(ends, ends_at, side="right").tolist(), strict=True):
-            m, s = n - left, f + 1
-            segments.append((s, _shape(m, suffix_sum[left] + s * m,
-                                            suffix_max[left] + s, graph_sizes)))
-    return DecodeRun(steps, segments[0][1], used, num_waiting, not num_waiting, bs,
+            taken = taken[:steps]
+        used = taken + used0
+    else:
+        used = np.full(steps, used0, dtype=np.int64)
+    contexts = computed.tolist()
+    first = _shape(n, sum(contexts), max(contexts), graph_sizes)
+    segments = [(0, first)]
+    if first_out < steps - 1:  # some finish before the last step: a segment after each
+        # the rows left after a finishers' step f are those finishing later: walk the rows
+        # latest finisher first, and open a segment where the finish step changes
+        rows = sorted(zip(finish.tolist(), contexts, strict=True), reverse=True)
+        after: list[tuple[int, int, int, int]] = []  # (first step, rows, context sum, max)
+        left = total = top = 0
+        for i, (f, context) in enumerate(rows):
+            if f < steps - 1 and left and f != rows[i - 1][0]:
+                after.append((f + 1, left, total, top))
+            left, total = left + 1, total + context
+            if context > top:
+                top = context
+        segments += [(s, _shape(m, total + s * m, top + s, graph_sizes))
+                     for s, m, total, top in reversed(after)]
+    return DecodeRun(steps, first, used, num_waiting, not num_waiting, bs,
                      kv_blocked, tuple(segments))
+
+
+def _blocks_taken(computed: np.ndarray, finish: np.ndarray, steps: int, bs: int
+                  ) -> np.ndarray:
+    """Blocks the rows take in each of `steps` plain decodes, a row leaving after its
+    finish step: row i takes one at steps s = phase_i + j * bs (j = 0, 1, ...) up to its
+    finish step, phase_i = (-computed_i) mod bs. Counted as cycle x phase in one histogram
+    of how many blocks each row takes."""
+    phase = (-computed) % bs
+    cycles = -(-steps // bs)
+    blocks = (np.minimum(finish, steps - 1) - phase) // bs + 1  # 0 if it leaves before
+    hist = np.bincount(blocks * bs + phase, minlength=(cycles + 1) * bs)
+    # rows still taking at cycle j, by phase: those that take more than j blocks
+    taking = hist.reshape(cycles + 1, bs)[::-1].cumsum(axis=0)[::-1]
+    return taking[1:].ravel()[:steps]
+
 
 def _shape(n: int, context_sum: int, context_max: int, graph_sizes: tuple[int, ...]) -> StepShape:
     """A plain-decode step's shape: n decodes with these contexts (padded for graphs)."""
     padded = padded_batch_size(n, graph_sizes) if graph_sizes else 0
     return StepShape((), (), n, context_sum, context_max, max(padded, n))
+
 
 def apply_run(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
           step_end_s: Sequence[float], kv: KVManager, paged: bool,
@@ -97,8 +114,10 @@ def apply_run(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
         n = len(batch.reqs)
         state = batch.state
         state[COMPUTED:DONE + 1, :n] += k
-        done = (state[DONE, :n] == state[TARGET, :n]).nonzero()[0]
-        if not done.size:
+        # only a segment's last step has finishers (an arrival may cut it before)
+        done = (state[DONE, :n] == state[TARGET, :n]).nonzero()[0] \
+            if stop == start + length else ()
+        if not len(done):
             out.append(RunSegment(first, _part(run, k, shape, used), None))
             continue
         plan = StepPlan(tuple(batch.rids), (1,) * n, tuple((state[COMPUTED, :n] - 1).tolist()),
@@ -118,17 +137,15 @@ def _take_blocks(batch: RunningBatch, steps: int, kv: KVManager, paged: bool,
     n, bs, tables, rids = len(batch.reqs), batch.block_size, batch.tables, batch.rids
     computed = batch.state[COMPUTED, :n]
     phase = (-computed) % bs
-    per_phase = np.bincount(phase, minlength=bs)
+    per_phase = np.bincount(phase, minlength=bs).tolist()
     used0 = kv.num_used_blocks
+    cycles, rest = divmod(steps, bs)
     if naming is None:  # nothing between two steps' blocks: take them all in one call
-        # step s grows the rows of phase s % bs, in row order
-        by_phase = np.argsort(phase, kind="stable")
-        cycles, rest = divmod(steps, bs)
-        order = by_phase[:int(np.searchsorted(phase[by_phase], rest))]  # phases < rest
-        if cycles:
-            order = np.concatenate((np.tile(by_phase, cycles), order))
-        if order.size:
-            rows = order.tolist()
+        # step s grows the rows of phase s % bs, in row order: every row once per whole
+        # cycle of bs steps, then those of phases < rest
+        by_phase = np.argsort(phase, kind="stable").tolist()
+        rows = by_phase * cycles + by_phase[:sum(per_phase[:rest])]
+        if rows:
             grown = kv.append_block_each([rids[i] for i in rows])
             assert grown is not None, "a decode run took more blocks than were free"
             for i, table in zip(rows, grown, strict=True):
@@ -136,7 +153,7 @@ def _take_blocks(batch: RunningBatch, steps: int, kv: KVManager, paged: bool,
     else:
         order = np.argsort(phase, kind="stable").tolist()
         rows, at = [], 0
-        for count in per_phase.tolist():
+        for count in per_phase:
             members = order[at:at + count]
             rows.append((members, [rids[i] for i in members]))
             at += count
@@ -153,7 +170,7 @@ def _take_blocks(batch: RunningBatch, steps: int, kv: KVManager, paged: bool,
                 naming.cache_computed(rid, contexts[i] + s + 1)
     if not paged:
         return np.full(steps, used0, dtype=np.int64)
-    return used0 + np.cumsum(per_phase[np.arange(steps) % bs])
+    return np.array(per_phase * cycles + per_phase[:rest], dtype=np.int64).cumsum() + used0
 
 
 def _part(run: DecodeRun, steps: int, shape: StepShape, used: np.ndarray) -> DecodeRun:

@@ -318,9 +318,9 @@ class RunningBatch:
         all_emit = self._covers_all
         for row, new, emits in self._admitted:
             req = reqs[row]
-            done = req.num_output_done + emits
-            state[COMPUTED:DONE + 1, row] = (req.num_computed_tokens + new,
-                                             req.prompt_tokens + done, done)
+            computed, _, done = state[COMPUTED:DONE + 1, row].tolist()  # its live counters
+            done += emits
+            state[COMPUTED:DONE + 1, row] = (computed + new, req.prompt_tokens + done, done)
             if emits:
                 if req.first_token_s is None:
                     req.first_token_s = now
