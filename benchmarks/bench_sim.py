@@ -18,6 +18,16 @@ minutes to hours there) report this checkout's figures only. For this
 checkout a point also counts the events fast-forward leaves: each run of
 decode steps is one event, every other step one; the ceiling is steps /
 events, the speed-up if an event's cost did not depend on what it covers.
+
+`help` and `quickstart` time start-up, so they run as an installed servesim
+does: with its modules' bytecode cached. pip compiles site-packages at install
+and a first run writes the cache of an editable checkout, unless
+PYTHONDONTWRITEBYTECODE is set (as on the machines these figures come from:
+every process would then compile the project's ~120 modules again, ~0.1 s).
+Each checkout gets a cache of its own under a temporary PYTHONPYCACHEPREFIX,
+filled by one untimed run of each command, so neither checkout is written to.
+Their rows also give the process's CPU time (user + system), steadier than
+wall time on a shared machine.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import platform
 import resource
 import shutil
@@ -160,16 +171,41 @@ def _python(checkout: Path) -> str:
     return str(checkout / ".venv" / "bin" / "python")
 
 
-def measure(checkout: Path, point: str) -> dict:
-    """One whole process of `checkout` for `point`; wall_s is the process's, end to end."""
-    started = time.perf_counter()
-    if point in ("help", "quickstart"):
+def _start_up_process(checkout: Path, point: str, env: dict[str, str] | None) -> None:
+    """`servesim --help`, or the quickstart without plots into a directory removed after."""
+    with tempfile.TemporaryDirectory(prefix="bench-quickstart-") as out:
         args = ["--help"] if point == "help" else [
             "run", str(checkout / "scenarios" / "quickstart.yaml"), "--no-plots", "--out",
-            tempfile.mkdtemp(prefix="bench-quickstart-")]
+            str(Path(out) / "run")]
         subprocess.run([_python(checkout), "-m", "sim.cli", *args], check=True,
-                       capture_output=True, cwd=checkout)
-        return {"process_wall_s": time.perf_counter() - started}
+                       capture_output=True, cwd=checkout, env=env)
+
+
+def bytecode_cache(checkouts: list[Path], points: list[str], cache: Path
+                   ) -> dict[Path, dict[str, str]]:
+    """Per checkout, the environment of a process with its own bytecode cache under `cache`,
+    filled by one untimed run of each start-up point (see the module's docstring)."""
+    envs = {}
+    for i, checkout in enumerate(checkouts):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env["PYTHONPYCACHEPREFIX"] = str(cache / str(i))
+        for point in points:
+            _start_up_process(checkout, point, env)
+        envs[checkout] = env
+    return envs
+
+
+def measure(checkout: Path, point: str, env: dict[str, str] | None = None) -> dict:
+    """One whole process of `checkout` for `point`; wall_s is the process's, end to end
+    (for help and quickstart, cpu_s its user + system time too)."""
+    started = time.perf_counter()
+    if point in ("help", "quickstart"):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        _start_up_process(checkout, point, env)
+        wall_s = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        return {"process_wall_s": wall_s, "process_cpu_s": cpu_s}
     n, rate, _ = POINTS[point]
     out = subprocess.run([_python(checkout), str(checkout / "benchmarks" / "bench_sim.py"),
                           "--point", str(n), str(rate)], check=True, capture_output=True,
@@ -186,7 +222,9 @@ def _median(rows: list[dict], key: str) -> float:
 def report(point: str, new: list[dict], base: list[dict]) -> dict:
     wall = _median(new, "process_wall_s")
     line = {"point": point, "rounds": len(new), "new_process_wall_s": wall}
-    if point not in ("help", "quickstart"):
+    if point in ("help", "quickstart"):
+        line["new_process_cpu_s"] = _median(new, "process_cpu_s")
+    else:
         n = new[0]["n"]
         line.update(steps=new[0]["steps"], new_req_per_wall_s=n / wall,
                     new_steps_per_wall_s=new[0]["steps"] / wall,
@@ -203,7 +241,9 @@ def report(point: str, new: list[dict], base: list[dict]) -> dict:
     if base:
         base_wall = _median(base, "process_wall_s")
         line.update(base_process_wall_s=base_wall, speedup=base_wall / wall)
-        if point not in ("help", "quickstart"):
+        if point in ("help", "quickstart"):
+            line["base_process_cpu_s"] = _median(base, "process_cpu_s")
+        else:
             line["rss_ratio"] = _median(base, "peak_rss_mib") / line["new_peak_rss_mib"]
     return line
 
@@ -220,6 +260,24 @@ def main() -> None:
     if args.point:
         print(json.dumps(one_point(int(args.point[0]), args.point[1])))
         return
+    with tempfile.TemporaryDirectory(prefix="bench-pycache-") as cache:
+        new_rows, base_rows = _rounds(args, Path(cache))
+    lines = [report(p, new_rows[p], base_rows[p]) for p in args.only]
+    machine = {"machine": platform.node(), "cpus": _cpus(), "python": platform.python_version(),
+               "commit": _commit(HERE), "base_commit": _commit(args.base) if args.base else None}
+    print(json.dumps(machine))
+    for line in lines:
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                          for k, v in line.items()}))
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine, "points": lines}, indent=2))
+
+
+def _rounds(args: argparse.Namespace, cache: Path
+            ) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
+    """Every point's rows, this checkout's and the base's, the sides alternating by round."""
+    start_up = [p for p in args.only if p in ("help", "quickstart")]
+    envs = bytecode_cache([HERE] + ([args.base] if args.base else []), start_up, cache)
     new_rows: dict[str, list[dict]] = {p: [] for p in args.only}
     base_rows: dict[str, list[dict]] = {p: [] for p in args.only}
     for round_ in range(args.rounds):
@@ -233,18 +291,11 @@ def main() -> None:
             if round_ % 2:
                 sides.reverse()
             for name, checkout, rows in sides:
-                rows[point].append(measure(checkout, point))
+                rows[point].append(measure(checkout, point, envs[checkout]
+                                           if point in start_up else None))
                 print(f"round {round_ + 1} {point} {name}: "
                       f"{rows[point][-1]['process_wall_s']:.2f} s", file=sys.stderr, flush=True)
-    lines = [report(p, new_rows[p], base_rows[p]) for p in args.only]
-    machine = {"machine": platform.node(), "cpus": _cpus(), "python": platform.python_version(),
-               "commit": _commit(HERE), "base_commit": _commit(args.base) if args.base else None}
-    print(json.dumps(machine))
-    for line in lines:
-        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
-                          for k, v in line.items()}))
-    if args.json:
-        args.json.write_text(json.dumps({"machine": machine, "points": lines}, indent=2))
+    return new_rows, base_rows
 
 
 def _cpus() -> str:
@@ -253,8 +304,6 @@ def _cpus() -> str:
                      Path("/proc/cpuinfo").read_text().splitlines() if "model name" in line)
     except (OSError, StopIteration):
         model = platform.processor()
-    import os
-
     return f"{os.cpu_count()} x {model}"
 
 

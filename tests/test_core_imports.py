@@ -69,10 +69,12 @@ def test_a_run_without_plots_loads_neither_matplotlib_nor_scipy(tmp_path) -> Non
 
 
 # What `servesim run --no-plots` needs none of: the replications' sweep machinery and joblib
-# (one run), a latency table's reader (a roofline run), matplotlib and scipy (no plots).
-NOT_IN_A_RUN = ("joblib", "matplotlib", "scipy", "sim.experiments.replicate",
-                      "sim.experiments.sweep", "sim.experiments.runner", "sim.latency.table_files",
-                      "sim.plots")
+# (one run), a latency table's reader (a roofline run), matplotlib and scipy (no plots),
+# pandas (requests.csv streams, the time series is written from columns), tqdm (a short run
+# shows no bar).
+NOT_IN_A_RUN = ("joblib", "matplotlib", "scipy", "pandas", "tqdm", "sim.experiments.replicate",
+                "sim.experiments.sweep", "sim.experiments.runner", "sim.latency.table_files",
+                "sim.plots")
 
 
 def test_a_run_without_plots_loads_only_what_it_uses(tmp_path) -> None:  # noqa: ANN001

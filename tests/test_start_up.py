@@ -4,6 +4,7 @@ collector back on for the work; an in-process caller's collector is left as it w
 it scan the installed distributions for pydantic plugins."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,8 @@ from pathlib import Path
 # console() as the console script runs it, with started() watched: how many collections ran
 # before it, what was loaded by then, and the collector's state after it
 WATCHED = """
-import gc, json, sys
+import gc, json, os, sys
+from pathlib import Path
 from sim.cli import console, start_up
 
 collections = [0]
@@ -23,6 +25,9 @@ real_started = start_up.started
 def watched():
     seen.setdefault("collections_before", collections[0])
     seen.setdefault("schema_loaded", "sim.config.scenario" in sys.modules)
+    seen.setdefault("blas_threads", os.environ.get("OPENBLAS_NUM_THREADS"))
+    tasks = Path("/proc/self/task")  # Linux: the process's threads
+    seen.setdefault("threads", len(list(tasks.iterdir())) if tasks.exists() else None)
     real_started()
     seen.setdefault("enabled_after", gc.isenabled())
     seen.setdefault("frozen_after", gc.get_freeze_count())
@@ -38,9 +43,9 @@ finally:
 """
 
 
-def _console(tmp_path: Path, *argv: str) -> dict:
+def _console(tmp_path: Path, *argv: str, env: dict[str, str] | None = None) -> dict:
     out = subprocess.run([sys.executable, "-c", WATCHED, *argv], capture_output=True,
-                         text=True, check=False, cwd=tmp_path)
+                         text=True, check=False, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -54,6 +59,16 @@ def test_a_run_starts_without_collections_and_then_collects(tmp_path: Path) -> N
     assert seen["frozen_after"] > 10_000  # the modules and the schema, out of later walks
     assert seen["plugins_scanned"] is False
     assert (tmp_path / "out" / "summary.json").exists()
+
+
+def test_numpy_loads_with_one_blas_thread_unless_the_user_asks_for_more(tmp_path: Path) -> None:
+    argv = ("run", "--no-plots", "--quiet", "--set", "workload.num_requests=20", "--out")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    seen = _console(tmp_path, *argv, str(tmp_path / "a"), env=env)
+    assert seen["blas_threads"] == "1"
+    assert seen["threads"] in (1, None)  # numpy is loaded: no OpenBLAS thread beside this one
+    seen = _console(tmp_path, *argv, str(tmp_path / "b"), env={**env, "OPENBLAS_NUM_THREADS": "2"})
+    assert seen["blas_threads"] == "2"
 
 
 def test_every_other_command_collects_from_its_start(tmp_path: Path) -> None:

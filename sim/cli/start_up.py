@@ -1,4 +1,5 @@
-"""The `servesim` process's start-up, kept short: no garbage collections, no plugin scan.
+"""The `servesim` process's start-up, kept short: no garbage collections, no plugin scan,
+one BLAS thread.
 
 Why: before a command does its work it imports numpy, pydantic, simpy and a
 couple of hundred modules and builds the scenario schema, some 100k objects
@@ -7,10 +8,15 @@ over and over while they load (about 170 collections before a quickstart run
 starts) and again on the way out: a tenth of a 1k-request run's CPU. And the
 first pydantic model looks for pydantic plugins in the entry points of every
 installed distribution (~10 ms in a full environment), though servesim's
-schema has no use for one.
+schema has no use for one. And numpy's OpenBLAS starts a thread per core as
+it loads, which spin a while before they sleep: ~30 ms of CPU of a quickstart
+run on a two-core machine. Nothing in servesim calls BLAS on arrays large
+enough to use them (its vectors are a running set's), and its parallel work
+runs in processes (joblib), so one thread is all it wants.
 
-`begin()` turns both off for the process (the console script, `python -m
-sim.cli`); `started()` then freezes what exists out of every later collection
+`begin()` turns all three off for the process (the console script, `python -m
+sim.cli`), keeping a PYDANTIC_DISABLE_PLUGINS or OPENBLAS_NUM_THREADS of the
+user's own; `started()` then freezes what exists out of every later collection
 (`gc.freeze`) and turns the collector back on, so the work itself is
 collected as usual.
 """
@@ -22,10 +28,11 @@ import os
 
 
 def begin() -> None:
-    """No collections until `started()`; no pydantic plugins (a PYDANTIC_DISABLE_PLUGINS of
-    the user's own is kept)."""
+    """No collections until `started()`; no pydantic plugins; one OpenBLAS thread (before
+    numpy loads: it reads the variable then). The user's own settings of either are kept."""
     gc.disable()
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def started() -> None:

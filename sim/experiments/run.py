@@ -15,10 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tqdm import tqdm
-
 from sim.assemble import build_latency, build_replica, kv_budget
 from sim.config.scenario import Scenario
+from sim.experiments.progress import DelayedBar
 from sim.latency.draft import with_draft
 from sim.observe.diagnose import COLUMNS as DIAGNOSIS_COLUMNS
 from sim.observe.diagnose import ReplicaObserver, TTFTDiagnoser
@@ -74,9 +73,8 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
     total = scenario.workload.num_requests
     started = time.perf_counter()
     try:
-        # tqdm's delay keeps short runs silent: the bar appears only after 2 s
-        with tqdm(total=total, unit="req", delay=2.0, disable=not show_progress,
-                  desc="simulating") as bar:
+        # short runs stay silent (and load no tqdm): the bar appears only after 2 s
+        with DelayedBar(total, "simulating", "req", enabled=show_progress) as bar:
             simulate_fleet(requests, setups, router, router_rng(scenario.seed), recorder,
                            on_done=bar.update)
     finally:
