@@ -224,12 +224,18 @@ class RunRecorder:
         if self._max_kv_blocks_used is None or top > self._max_kv_blocks_used:
             self._max_kv_blocks_used = top
 
-    def _fold(self) -> None:
+    def _fold(self, release: bool = False) -> None:
         """The buffered steps into the ITL histogram and slices, the time series and the
-        busy-time sums, in the order they were recorded."""
-        if not self._steps.size:
+        busy-time sums, in the order they were recorded; `release`: free the block (a
+        read: recording may well be over)."""
+        steps = self._steps
+        if not steps.size:
+            if release:
+                steps.release()
             return
-        start_s, duration_s, c = self._steps.take()
+        start_s, duration_s, c = steps.take()
+        if release:
+            steps.release()
         held, live, batch, padded = c["kv_held"], c["kv_live"], c["batch_size"], \
             c["padded_batch"]
         waste = np.maximum(held - live, 0)  # record_step's (held - live) where held > live
@@ -277,7 +283,7 @@ class RunRecorder:
 
     @property
     def itl_slices(self) -> ITLSlices:
-        self._fold()
+        self._fold(release=True)
         return self._itl_slices
 
     @property
@@ -324,7 +330,7 @@ class RunRecorder:
         arguments come from the pool and scheduler (see the module docstring);
         swapped bytes need `kv_bytes_per_token` (else NaN).
         """
-        self._fold()
+        self._fold(release=True)
         t = self._totals
         completed, rejected = t.completed, t.rejected
         duration_s = (t.last_finish_s - t.first_arrival_s
@@ -424,7 +430,7 @@ class RunRecorder:
 
     def steps_columns(self) -> dict[str, np.ndarray]:
         """steps_frame()'s columns, without pandas."""
-        self._fold()
+        self._fold(release=True)
         return self._series.frame()
 
 

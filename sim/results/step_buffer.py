@@ -5,7 +5,8 @@ steps a few nanoseconds each, and a decode run is often a handful of steps. So
 the recorder writes each step (a row) or decode run (rows) here and folds the
 block in bulk when it is full or read. Every accumulator takes the steps in
 the order they were recorded, so the floats are those of folding them one by
-one. Memory is the block's, fixed: `capacity` rows of 2 floats and 12 ints.
+one. Memory is the block's, fixed: `capacity` rows of 2 floats and 12 ints
+(786 KiB at the default 8,192), allocated by the first decode run or fold.
 
 A decode run's row is written with few numpy operations: its per-run values
 are one broadcast row, and the KV slots held and live tokens, which grow by
@@ -23,6 +24,7 @@ _INTS = ("batch_size", "num_running", "tokens", "tokens_emitted", "decodes", "pa
          "kv_blocks_used")
 _CONSTANTS = 10
 COLUMNS = (*_INTS[:6], "num_waiting", "kv_blocks_used", "kv_held", "kv_live")
+_EMPTY = np.empty((0, 0))
 
 
 class StepBuffer:
@@ -32,10 +34,15 @@ class StepBuffer:
 
     def __init__(self, capacity: int = 8192) -> None:
         self.capacity, self.size = capacity, 0
-        self._floats = np.empty((capacity, 2))
-        self._ints = np.empty((capacity, len(_INTS)), dtype=np.int64)
+        self._floats = self._ints = _EMPTY  # allocated by the first run (see release)
         self._rows: list[tuple[float | int, ...]] = []  # single steps, written at take()
         self._row_at: list[int] = []
+
+    def release(self) -> None:
+        """Free the block while it is empty (a recorder that was read: a sweep may keep
+        thousands); the next decode run allocates it again."""
+        if not self.size:
+            self._floats = self._ints = _EMPTY
 
     @property
     def full(self) -> bool:
@@ -62,6 +69,8 @@ class StepBuffer:
         live tokens `live_first + decodes * s` at step s from 0."""
         k = self.size
         end = k + len(duration_s)
+        if len(self._floats) < end:
+            self._allocate()
         floats, ints = self._floats[k:end], self._ints[k:end]
         floats[:, 0], floats[:, 1] = start_s, duration_s
         n = decodes
@@ -70,10 +79,18 @@ class StepBuffer:
         ints[:, _CONSTANTS], ints[:, _CONSTANTS + 1] = num_waiting, kv_blocks_used
         self.size = end
 
+    def _allocate(self) -> None:
+        """The full block, keeping what the (empty or full-size) one held."""
+        assert not len(self._floats), "a block is allocated whole"
+        self._floats = np.empty((self.capacity, 2))
+        self._ints = np.empty((self.capacity, len(_INTS)), dtype=np.int64)
+
     def take(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """The filled rows as (start_s, duration_s, int columns by COLUMNS' names), and
         empty the buffer (the arrays are the caller's)."""
         k = self.size
+        if len(self._floats) < k:
+            self._allocate()
         floats, ints = self._floats[:k], self._ints[:k]
         if self._rows:
             rows = np.array(self._rows)  # ints below 2**53 go through float64 exactly
