@@ -71,13 +71,20 @@ class ITLSlices:
         slices = idx[starts].tolist()
         init = np.array([[self._sum[i]] for i in slices])
         sums = add_in_order(init, (gap_s * weights)[:, None], starts)[:, 0].tolist()
-        ends = [*starts[1:].tolist(), len(idx)]
-        for g, (i, lo, hi) in enumerate(zip(slices, starts.tolist(), ends, strict=True)):
-            found, where = np.unique(keys[lo:hi], return_inverse=True)
-            counts = np.bincount(where, weights=weights[lo:hi]).astype(np.int64)
-            self._bins[i].update(dict(zip(found.tolist(), counts.tolist(), strict=True)))
-            self._count[i] += int(counts.sum())
-            self._sum[i] = sums[g]
+        # every (slice, bin) pair's weight: one sort for all the slices
+        order = np.lexsort((keys, idx))
+        pair_idx, pair_key = idx[order], keys[order]
+        first = np.flatnonzero((np.diff(pair_idx, prepend=-1) != 0)
+                               | (np.diff(pair_key, prepend=pair_key[0] - 1) != 0))
+        totals = np.add.reduceat(weights[order], first)
+        bins = self._bins
+        for i, key, count in zip(pair_idx[first].tolist(), pair_key[first].tolist(),
+                                 totals.tolist(), strict=True):
+            bins[i][key] += count
+        counts = np.add.reduceat(weights, starts).tolist()
+        for i, total_s, count in zip(slices, sums, counts, strict=True):
+            self._count[i] += count
+            self._sum[i] = total_s
 
     def _merge_pairs(self) -> None:
         half = self.max_slices // 2
