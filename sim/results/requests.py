@@ -119,14 +119,6 @@ class RequestLog:
         return frame
 
 
-def _cell(x: float) -> str:
-    return "" if x != x else repr(x)  # NaN: an empty cell, as pandas writes it
-
-
-def _opt_cell(x: float | None) -> str:
-    return "" if x is None else repr(float(x))  # a clock may start at the int 0
-
-
 class RequestCSV:
     """requests.csv written a row per recorded request (see the module docstring).
 
@@ -157,7 +149,8 @@ class RequestCSV:
         """One row: `reason` None for a finished request, else why it was rejected."""
         a = req.arrival_s
         scheduled, first, finish = req.first_scheduled_s, req.first_token_s, req.finish_s
-        # _opt_cell and _cell inline (a row is ~16 cells; this runs once a request)
+        # cells: a time as repr(float(t)) (a clock may start at the int 0), None or NaN
+        # empty, as pandas writes them; inline, ~16 cells a request
         row = [str(req.request_id), repr(float(a)),
                "" if scheduled is None else repr(float(scheduled)),
                "" if first is None else repr(float(first)),
@@ -177,7 +170,8 @@ class RequestCSV:
         if self._extra is not None:
             values = self._extra(req.request_id)
             row += self._blank if values is None else [
-                _cell(v) if isinstance(v, float) else str(v) for v in values]
+                ("" if v != v else repr(v)) if isinstance(v, float) else str(v)
+                for v in values]
         self._writer.writerow(row)
         self.rows += 1
 
