@@ -78,7 +78,11 @@ class Latency:
     def add(self, x: float) -> None:
         # a latency is >= 0; the last bits of a float difference can give -0.0 or -1e-17
         self.sketch.add(x if x > 0.0 else 0.0)
-        self.moments.add(x)
+        m = self.moments  # Moments.add, inline (four of these a request)
+        m.count += 1
+        delta = x - m.mean
+        m.mean += delta / m.count
+        m.m2 += delta * (x - m.mean)
 
     def update(self, other: Latency) -> None:
         self.sketch.update(other.sketch)
@@ -209,11 +213,13 @@ class RequestBatches:
         """One recorded request (times in s, NaN = never); a rejected one leaves on arrival
         for the number in the system, and none of its latencies count."""
         leave_s = finish_s if finished else arrival_s
-        self._batch(leave_s)  # widen first, so both batches below are of the final width
+        width_s = self.width_s
+        gone = self._batch(leave_s)  # widen first, so both batches are of the final width
         here = self._batch(arrival_s)
+        if self.width_s != width_s:
+            gone = self._batch(leave_s)  # widening merged batches: look it up again
         here.arrived += 1
         here.arrival_sum_s += arrival_s
-        gone = self._batch(leave_s)
         gone.left += 1
         gone.left_sum_s += leave_s
         self.first_arrival_s = min(self.first_arrival_s, arrival_s)
@@ -224,15 +230,15 @@ class RequestBatches:
         ttft = first_token_s - arrival_s
         e2el = finish_s - arrival_s
         tpot = (e2el - ttft) / (output_tokens - 1) if output_tokens > 1 else math.nan
-        values = {"ttft": ttft, "tpot": tpot, "e2el": e2el, "queue": first_scheduled_s -
-                  arrival_s}
         here.finished += 1
         gone.done_here += 1
-        for name, x in values.items():
-            if not math.isnan(x):
-                part = here.latency.get(name)
+        latency = here.latency
+        for name, x in (("ttft", ttft), ("tpot", tpot), ("e2el", e2el),
+                        ("queue", first_scheduled_s - arrival_s)):
+            if x == x:  # not NaN
+                part = latency.get(name)
                 if part is None:
-                    part = here.latency[name] = Latency()
+                    part = latency[name] = Latency()
                 part.add(x)
         slo = self.slo
         if slo is not None and ((slo.ttft_ms is None or ttft * 1e3 <= slo.ttft_ms)

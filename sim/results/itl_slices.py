@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from sim.results.inorder import add_in_order, covered_rise, floor_log
+
 _REL_WIDTH = 1e-3
 _SCALE = 1.0 / math.log1p(_REL_WIDTH)
 
@@ -44,6 +46,45 @@ class ITLSlices:
         self._bins[i][key] += weight
         self._count[i] += weight
         self._sum[i] += gap_s * weight
+
+    def add_many(self, start_s: np.ndarray, gap_s: np.ndarray, weights: np.ndarray) -> None:
+        """add(start, gap, weight) for each step in order, in bulk: the same slices, bins
+        and floats (a slice's sum adds its terms in order; pairs merge at the same step)."""
+        total, pos = len(gap_s), 0
+        while pos < total:
+            idx = (start_s[pos:] / self.width_s).astype(np.int64)
+            stop = pos + covered_rise(idx, self.max_slices)
+            if stop == pos:  # past the covered range: as add(), merge until it is covered
+                if idx[0] < 0:
+                    raise ValueError(f"a step start must be >= 0, got {start_s[pos]}")
+                self._merge_pairs()
+                continue
+            self._add_rising(idx[:stop - pos], gap_s[pos:stop], weights[pos:stop])
+            pos = stop
+
+    def _add_rising(self, idx: np.ndarray, gap_s: np.ndarray, weights: np.ndarray) -> None:
+        """Steps in slices `idx` (covered, non-decreasing): each slice one group."""
+        keys = np.full(len(gap_s), -(2**62), dtype=np.int64)
+        timed = gap_s > 0
+        keys[timed] = floor_log(gap_s[timed], _SCALE)
+        starts = np.flatnonzero(np.diff(idx, prepend=-1))
+        slices = idx[starts].tolist()
+        init = np.array([[self._sum[i]] for i in slices])
+        sums = add_in_order(init, (gap_s * weights)[:, None], starts)[:, 0].tolist()
+        # every (slice, bin) pair's weight: one sort for all the slices
+        order = np.lexsort((keys, idx))
+        pair_idx, pair_key = idx[order], keys[order]
+        first = np.flatnonzero((np.diff(pair_idx, prepend=-1) != 0)
+                               | (np.diff(pair_key, prepend=pair_key[0] - 1) != 0))
+        totals = np.add.reduceat(weights[order], first)
+        bins = self._bins
+        for i, key, count in zip(pair_idx[first].tolist(), pair_key[first].tolist(),
+                                 totals.tolist(), strict=True):
+            bins[i][key] += count
+        counts = np.add.reduceat(weights, starts).tolist()
+        for i, total_s, count in zip(slices, sums, counts, strict=True):
+            self._count[i] += count
+            self._sum[i] = total_s
 
     def _merge_pairs(self) -> None:
         half = self.max_slices // 2
@@ -78,3 +119,4 @@ class ITLSlices:
         pct = mids[np.minimum(np.searchsorted(cum, np.round(ranks), side="right"),
                               mids.size - 1)]
         return np.concatenate([[total / count], pct])
+

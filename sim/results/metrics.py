@@ -14,7 +14,9 @@ recorder's `rows`: kept in memory (`RequestLog`, the default), streamed to
 requests.csv (`RequestCSV`) or dropped (None). Streamed or dropped, memory
 grows with requests in flight, not requests done; the SLO must then be given
 up front, since goodput needs each request's latencies together. Steps are
-not stored either.
+not stored either: they wait in a fixed block of rows (sim.results.step_buffer)
+and are folded in bulk when it fills or the recorder is read, with the floats
+of folding them one by one.
 Speculative decoding: a decode that emits several tokens at once is one ITL
 sample of the step's duration (vLLM's benchmark convention: ITL is the gap
 between deliveries a client sees; TPOT counts every token). `record_speculation`
@@ -71,10 +73,12 @@ from sim.core.decode_run import DecodeRun
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
 from sim.results.batches import RequestBatches, RequestTotals
+from sim.results.inorder import add_in_order
 from sim.results.itl_slices import ITLSlices
 from sim.results.requests import RequestCSV, RequestLog
 from sim.results.slo import SLO
 from sim.results.stats import LogHistogram, TimeBuckets
+from sim.results.step_buffer import StepBuffer
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -93,7 +97,7 @@ class RunRecorder:
                  "_num_steps", "_busy_s",
                  "_batch_x_s", "_max_kv_blocks_used", "_padded_x_s", "_slot_steps",
                  "_useful_slot_steps", "_waste_x_s", "_swap_out_tokens", "_swap_in_tokens",
-                 "_spec", "_extra_columns", "_itl_slices")
+                 "_spec", "_extra_columns", "_itl_slices", "_steps")
 
     def __init__(self, max_buckets: int = 2048, bucket_width_s: float = 0.01, *,
                  rows: RequestCSV | str | None = KEEP, slo: SLO | None = None) -> None:
@@ -104,6 +108,7 @@ class RunRecorder:
         self._itl = LogHistogram()
         self._itl_slices = ITLSlices()  # the same gaps by time: the window's ITL (steady_state)
         self._series = TimeBuckets(max_buckets, bucket_width_s)
+        self._steps = StepBuffer()  # recorded steps not yet folded into the three above
         self._num_steps = 0
         self._busy_s = 0.0
         self._batch_x_s = 0.0  # sum of batch size x step duration
@@ -152,8 +157,8 @@ class RunRecorder:
 
         `kv_slots_held`: KV token slots held while the step ran (read after
         schedule(), before on_step_done frees finished requests); None leaves
-        the step out of the KV waste figures. Nothing per step is kept: memory
-        stays fixed however many steps run.
+        the step out of the KV waste figures. Nothing per step is kept: the step
+        waits in a fixed-size block (sim.results.step_buffer) folded in bulk.
         """
         shape = plan.shape
         decodes = shape.num_decodes
@@ -165,9 +170,6 @@ class RunRecorder:
             new_tokens = sum(chunks) + decodes
         else:
             emitted = new_tokens = decodes
-        if decodes:
-            self._itl.add(duration_s, decodes)
-            self._itl_slices.add(start_s, duration_s, decodes)
         if shape.swap_out_tokens or shape.swap_in_tokens:
             self._swap_out_tokens += shape.swap_out_tokens
             self._swap_in_tokens += shape.swap_in_tokens
@@ -179,14 +181,12 @@ class RunRecorder:
             # from the plan's columns, not the shape: static batching's shape carries
             # padded work, and padding holds no live token
             live = sum(plan.context_tokens) + sum(plan.num_new_tokens)
-            if held > live:
-                self._waste_x_s += (held - live) * duration_s
-        self._series.add(start_s, duration_s, batch_size, num_waiting, num_running,
-                         kv_blocks_used, new_tokens, emitted, held, live)
+        steps = self._steps
+        steps.append(start_s, duration_s, batch_size, num_running, new_tokens, emitted,
+                     decodes, padded, num_waiting, kv_blocks_used, held, live)
+        if steps.full:
+            self._fold()
         self._num_steps += 1
-        self._busy_s += duration_s
-        self._batch_x_s += batch_size * duration_s
-        self._padded_x_s += padded * duration_s
         self._slot_steps += padded
         self._useful_slot_steps += batch_size
         if self._max_kv_blocks_used is None or kv_blocks_used > self._max_kv_blocks_used:
@@ -201,30 +201,60 @@ class RunRecorder:
         padded = shape.padded_batch if shape.padded_batch > n else n
         steps = len(duration_s)
         used = run.kv_blocks_used[:steps]
-        held = used * run.block_size
-        live = shape.decode_context_sum + n * np.arange(1, steps + 1, dtype=np.int64)
-        self._itl.add_each(duration_s.tolist(), n)
-        slices = self._itl_slices
-        for step_start_s, step_s in zip(start_s.tolist(), duration_s.tolist(), strict=True):
-            slices.add(step_start_s, step_s, n)
-        self._series.add_steps(start_s, duration_s, n, num_waiting, n, used, n, n, held, live)
-        busy, batch_x, padded_x, waste = (self._busy_s, self._batch_x_s, self._padded_x_s,
-                                          self._waste_x_s)
-        for d, h, live_tokens in zip(duration_s.tolist(), held.tolist(), live.tolist(),
-                                     strict=True):  # record_step's floats, in its order
-            if h > live_tokens:
-                waste += (h - live_tokens) * d
-            busy += d
-            batch_x += n * d
-            padded_x += padded * d
-        self._busy_s, self._batch_x_s, self._padded_x_s, self._waste_x_s = (busy, batch_x,
-                                                                            padded_x, waste)
+        buffer = self._steps
+        if steps <= buffer.room():
+            buffer.append_run(start_s, duration_s, num_waiting, used, n, padded,
+                              run.block_size, shape.decode_context_sum + n)
+        else:  # in pieces that fit the block
+            done = 0
+            while done < steps:
+                part = slice(done, done + min(steps - done, buffer.room()))
+                buffer.append_run(start_s[part], duration_s[part], num_waiting[part],
+                                  used[part], n, padded, run.block_size,
+                                  shape.decode_context_sum + n * (done + 1))
+                done = part.stop
+                if buffer.full:
+                    self._fold()
+        if buffer.full:
+            self._fold()
         self._num_steps += steps
         self._slot_steps += padded * steps
         self._useful_slot_steps += n * steps
         top = int(used[-1])  # blocks only grow during a run
         if self._max_kv_blocks_used is None or top > self._max_kv_blocks_used:
             self._max_kv_blocks_used = top
+
+    def _fold(self, release: bool = False) -> None:
+        """The buffered steps into the ITL histogram and slices, the time series and the
+        busy-time sums, in the order they were recorded; `release`: free the block (a
+        read: recording may well be over)."""
+        steps = self._steps
+        if not steps.size:
+            if release:
+                steps.release()
+            return
+        start_s, duration_s, c = steps.take()
+        if release:
+            steps.release()
+        held, live, batch, padded = c["kv_held"], c["kv_live"], c["batch_size"], \
+            c["padded_batch"]
+        waste = np.maximum(held - live, 0)  # record_step's (held - live) where held > live
+        terms = np.stack((duration_s, batch * duration_s, padded * duration_s,
+                          waste * duration_s), axis=1)
+        init = np.array([[self._busy_s, self._batch_x_s, self._padded_x_s, self._waste_x_s]])
+        self._busy_s, self._batch_x_s, self._padded_x_s, self._waste_x_s = add_in_order(
+            init, terms, np.zeros(1, dtype=np.int64))[0].tolist()
+        decodes = c["decodes"]
+        if int(decodes.min()) > 0:
+            itl_start_s, gaps_s, weights = start_s, duration_s, decodes
+        else:
+            timed = decodes > 0
+            itl_start_s, gaps_s, weights = start_s[timed], duration_s[timed], decodes[timed]
+        self._itl.add_many(gaps_s, weights)
+        self._itl_slices.add_many(itl_start_s, gaps_s, weights)
+        self._series.add_many(start_s, duration_s, batch, c["num_waiting"], c["num_running"],
+                              c["kv_blocks_used"], c["tokens"], c["tokens_emitted"], held,
+                              live)
 
     def record_speculation(self, plan: StepPlan, result: StepResult) -> None:
         """Count one step's drafts and accepted tokens (called for every step while on)."""
@@ -253,6 +283,7 @@ class RunRecorder:
 
     @property
     def itl_slices(self) -> ITLSlices:
+        self._fold(release=True)
         return self._itl_slices
 
     @property
@@ -299,6 +330,7 @@ class RunRecorder:
         arguments come from the pool and scheduler (see the module docstring);
         swapped bytes need `kv_bytes_per_token` (else NaN).
         """
+        self._fold(release=True)
         t = self._totals
         completed, rejected = t.completed, t.rejected
         duration_s = (t.last_finish_s - t.first_arrival_s
@@ -347,7 +379,7 @@ class RunRecorder:
         out["mean_batch_size"] = self._batch_x_s / self._busy_s if self._busy_s > 0 else math.nan
         out["max_kv_blocks_used"] = self._max_kv_blocks_used
         # peak running sequences: the concurrency KV memory and max_num_seqs allowed
-        out["max_num_running"] = max(self._series.max_running) if self._num_steps else 0
+        out["max_num_running"] = int(self._series.max_running.max()) if self._num_steps else 0
         if kv_blocks_total is not None:
             out["kv_blocks_total"] = kv_blocks_total
         out.update(self._waste(kv_blocks_total, block_size))
@@ -394,10 +426,11 @@ class RunRecorder:
         """The time series, one row per non-empty time bucket (see `TimeBuckets`)."""
         import pandas as pd
 
-        return pd.DataFrame(self._series.frame())
+        return pd.DataFrame(self.steps_columns())
 
     def steps_columns(self) -> dict[str, np.ndarray]:
         """steps_frame()'s columns, without pandas."""
+        self._fold(release=True)
         return self._series.frame()
 
 

@@ -119,14 +119,6 @@ class RequestLog:
         return frame
 
 
-def _cell(x: float) -> str:
-    return "" if x != x else repr(x)  # NaN: an empty cell, as pandas writes it
-
-
-def _opt_cell(x: float | None) -> str:
-    return "" if x is None else repr(float(x))  # a clock may start at the int 0
-
-
 class RequestCSV:
     """requests.csv written a row per recorded request (see the module docstring).
 
@@ -156,15 +148,20 @@ class RequestCSV:
     def write(self, req: Request, reason: str | None) -> None:
         """One row: `reason` None for a finished request, else why it was rejected."""
         a = req.arrival_s
-        row = [str(req.request_id), repr(float(a)), _opt_cell(req.first_scheduled_s),
-               _opt_cell(req.first_token_s), _opt_cell(req.finish_s), str(req.prompt_tokens),
+        scheduled, first, finish = req.first_scheduled_s, req.first_token_s, req.finish_s
+        # cells: a time as repr(float(t)) (a clock may start at the int 0), None or NaN
+        # empty, as pandas writes them; inline, ~16 cells a request
+        row = [str(req.request_id), repr(float(a)),
+               "" if scheduled is None else repr(float(scheduled)),
+               "" if first is None else repr(float(first)),
+               "" if finish is None else repr(float(finish)), str(req.prompt_tokens),
                str(req.output_tokens), str(req.prefix_hit_tokens), str(req.num_preemptions)]
         if reason is None:
-            ttft, e2el = req.first_token_s - a, req.finish_s - a  # type: ignore[operator]
+            ttft, e2el = first - a, finish - a  # type: ignore[operator]
             out = req.output_tokens
-            tpot = (e2el - ttft) / max(out - 1, 1) if out > 1 else math.nan
-            row += [_cell(ttft * 1e3), _cell(tpot * 1e3), _cell(e2el * 1e3),
-                    _cell((req.first_scheduled_s - a) * 1e3)]  # type: ignore[operator]
+            latencies = (ttft * 1e3, (e2el - ttft) / max(out - 1, 1) * 1e3 if out > 1 else
+                         math.nan, e2el * 1e3, (scheduled - a) * 1e3)  # type: ignore[operator]
+            row += ["" if x != x else repr(x) for x in latencies]
         else:
             row += ["", "", "", ""]
         if self._speculation:
@@ -173,7 +170,8 @@ class RequestCSV:
         if self._extra is not None:
             values = self._extra(req.request_id)
             row += self._blank if values is None else [
-                _cell(v) if isinstance(v, float) else str(v) for v in values]
+                ("" if v != v else repr(v)) if isinstance(v, float) else str(v)
+                for v in values]
         self._writer.writerow(row)
         self.rows += 1
 

@@ -97,12 +97,12 @@ class QuantileSketch:
         if other.relative_error != self.relative_error:
             raise ValueError("cannot merge sketches of different relative error")
         if other._counts:
-            lo = other._offset
-            self._cover(lo, lo + len(other._counts) - 1)
+            lo, size = other._offset, len(other._counts)
+            self._cover(lo, lo + size - 1)
             start = lo - self._offset
-            counts = self._counts
-            for j, n in enumerate(other._counts, start):
-                counts[j] += n
+            mine = np.frombuffer(self._counts, dtype=np.int64)  # a view: adds in place
+            mine[start:start + size] += np.frombuffer(other._counts, dtype=np.int64)
+            del mine  # the array may grow again only once no view holds its buffer
         self.zeros += other.zeros
         self.count += other.count
         self.min = min(self.min, other.min)

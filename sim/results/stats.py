@@ -3,10 +3,11 @@
 A long run has tens of millions of engine steps; storing one row per step
 would make memory follow work done rather than requests in flight. The two
 accumulators here are O(1) in the number of steps (a fixed log-bin histogram
-for pooled ITL, at most `max_buckets` time buckets for the time series) and
-cost about a microsecond per step. Their hot-path counters are plain Python
-lists, not numpy arrays: item updates on a list are ~4x cheaper than numpy
-scalar indexing, and the lists are fixed-size so memory stays bounded.
+for pooled ITL, at most `max_buckets` time buckets for the time series), in
+fixed-size numpy arrays. The recorder folds steps into them in bulk
+(`add_many`, from sim.results.step_buffer's blocks), which gives the same
+bins and floats as `add` one step at a time (sim.results.inorder says how);
+`add` stays as the plain definition the bulk form is tested against.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from math import log
 
 import numpy as np
 
+from sim.results.inorder import add_in_order, covered_rise, floor_log
 from sim.results.sketch import linear_quantiles
 
 PERCENTILES: tuple[int, ...] = (90, 95, 99)
@@ -96,7 +98,7 @@ class LogHistogram:
         self._offset = log(lo_s) * self._scale - 1.0  # lo_s lands in bin 1
         num_bins = math.ceil(log(hi_s / lo_s) * self._scale)
         self._top = num_bins + 1  # overflow bin
-        self._counts: list[int] = [0] * (num_bins + 2)
+        self._counts = np.zeros(num_bins + 2, dtype=np.int64)
         self.count = 0
         self._mean = 0.0
         self._m2 = 0.0
@@ -122,27 +124,41 @@ class LogHistogram:
         if value_s > self.max_s:
             self.max_s = value_s
 
-    def add_each(self, values_s: list[float], weight: int) -> None:
-        """add(value, weight) for each value in order: the same floats, one loop."""
-        counts, scale, offset, top, lo = self._counts, self._scale, self._offset, self._top, \
-            self.lo_s
-        n, mean, m2 = self.count, self._mean, self._m2
-        for value_s in values_s:
-            if value_s >= lo:
-                i = int(log(value_s) * scale - offset)
-                if i > top:
-                    i = top
-            else:
-                i = 0
-            counts[i] += weight
-            n += weight
-            delta = value_s - mean
-            mean += delta * (weight / n)
-            m2 += weight * delta * (value_s - mean)
-        self.count, self._mean, self._m2 = n, mean, m2
-        if values_s:
-            self.min_s = min(self.min_s, *values_s)
-            self.max_s = max(self.max_s, *values_s)
+    def add_many(self, values_s: np.ndarray, weights: np.ndarray) -> None:
+        """add(value, weight) for each pair in order, in bulk: the same bins and floats.
+
+        Bins by `floor_log` (the same index as add's math.log); Welford's mean is
+        a running recurrence, so it stays a loop, two float operations a sample;
+        M2's terms then follow from the means and are added in order.
+        """
+        size = len(values_s)
+        if not size:
+            return
+        lo = self.lo_s
+        if float(values_s.min()) >= lo:
+            idx = floor_log(values_s, self._scale, self._offset)
+        else:
+            idx = np.zeros(size, dtype=np.int64)
+            above = values_s >= lo
+            idx[above] = floor_log(values_s[above], self._scale, self._offset)
+        # add's int() truncates where floor_log floors: they differ only on (-1, 0)
+        np.add.at(self._counts, np.clip(idx, 0, self._top), weights)
+        seen = self.count + np.cumsum(weights)
+        shares = (weights / seen).tolist()  # weight / n, as add divides two ints
+        mean = before = self._mean
+        means = []
+        append = means.append
+        for value_s, share in zip(values_s.tolist(), shares, strict=True):
+            mean += (value_s - mean) * share
+            append(mean)
+        after = np.array(means)
+        delta = values_s - np.concatenate(((before,), after[:-1]))
+        m2_terms = (weights * delta) * (values_s - after)
+        self._m2 = float(add_in_order(np.array([[self._m2]]), m2_terms[:, None],
+                                      np.zeros(1, dtype=np.int64))[0, 0])
+        self._mean, self.count = mean, int(seen[-1])
+        self.min_s = min(self.min_s, float(values_s.min()))
+        self.max_s = max(self.max_s, float(values_s.max()))
 
     @property
     def num_bins(self) -> int:
@@ -163,7 +179,7 @@ class LogHistogram:
         n = self.count
         if n == 0:
             return np.full(q.shape, math.nan)
-        cum = np.cumsum(np.array(self._counts, dtype=np.int64))
+        cum = np.cumsum(self._counts)
         idx = np.arange(self._top + 1, dtype=np.float64)
         mids = np.exp((idx + 0.5 + self._offset) / self._scale)
         mids[0], mids[-1] = -math.inf, math.inf  # under- and overflow: clipped to min, max
@@ -207,7 +223,7 @@ class TimeBuckets:
         self.width_s = width_s
         self._inv_width = 1.0 / width_s
         for name in (*_BUCKET_SUMS, *_BUCKET_MAXES):
-            setattr(self, name, [_zero(name)] * max_buckets)
+            setattr(self, name, np.zeros(max_buckets, dtype=_dtype(name)))
 
     def add(self, start_s: float, duration_s: float, batch_size: int, num_waiting: int,
             num_running: int, kv_blocks_used: int, tokens: int, tokens_emitted: int,
@@ -237,71 +253,57 @@ class TimeBuckets:
             self.held_x_s[i] += kv_held * duration_s
             self.live_x_s[i] += kv_live * duration_s
 
-    def add_steps(self, start_s: np.ndarray, duration_s: np.ndarray, batch_size: int,
-                  num_waiting: np.ndarray, num_running: int, kv_blocks_used: np.ndarray,
-                  tokens: int, tokens_emitted: int, kv_held: np.ndarray,
-                  kv_live: np.ndarray) -> None:
-        """add() for each step in order (starts non-decreasing, every kv_held >= 0).
+    def add_many(self, start_s: np.ndarray, duration_s: np.ndarray, batch_size: np.ndarray,
+                 num_waiting: np.ndarray, num_running: np.ndarray, kv_blocks_used: np.ndarray,
+                 tokens: np.ndarray, tokens_emitted: np.ndarray, kv_held: np.ndarray,
+                 kv_live: np.ndarray) -> None:
+        """add() for each step in order (one array a field), in bulk: the same floats.
 
-        Each bucket's sums add the steps' terms in order, so every float equals
-        add()'s one step at a time.
+        Steps go in pieces within which every start is covered and bucket indices do
+        not fall (a fleet's recorder sees its replicas' steps interleaved), so each
+        piece's buckets are consecutive groups; a bucket's sums add its steps'
+        terms in order (`add_in_order`), and widening happens at the same step as
+        add() one step at a time would.
         """
-        start = 0
-        total = len(duration_s)
-        while start < total:
-            idx = (start_s[start:] * self._inv_width).astype(np.int64)
-            over = np.flatnonzero(idx >= self.max_buckets)
-            stop = total if not over.size else start + int(over[0])
-            if stop == start:  # this step starts past the covered range: widen first
-                self._cover(float(start_s[start]))
+        total, pos = len(duration_s), 0
+        while pos < total:
+            idx = (start_s[pos:] * self._inv_width).astype(np.int64)
+            stop = pos + covered_rise(idx, self.max_buckets)
+            if stop == pos:  # this step starts past the covered range (or before 0)
+                self._cover(float(start_s[pos]))
                 continue
-            self._add_within(idx[:stop - start], slice(start, stop), duration_s, batch_size,
-                             num_waiting, num_running, kv_blocks_used, tokens,
-                             tokens_emitted, kv_held, kv_live)
-            start = stop
+            part = slice(pos, stop)
+            self._add_rising(idx[:stop - pos], duration_s[part], batch_size[part],
+                             num_waiting[part], num_running[part], kv_blocks_used[part],
+                             tokens[part], tokens_emitted[part], kv_held[part], kv_live[part])
+            pos = stop
 
-    def _add_within(self, idx: np.ndarray, part: slice, duration_s: np.ndarray,
-                    batch_size: int, num_waiting: np.ndarray, num_running: int,
-                    kv_blocks_used: np.ndarray, tokens: int, tokens_emitted: int,
+    def _add_rising(self, idx: np.ndarray, duration_s: np.ndarray, batch_size: np.ndarray,
+                    num_waiting: np.ndarray, num_running: np.ndarray,
+                    kv_blocks_used: np.ndarray, tokens: np.ndarray, tokens_emitted: np.ndarray,
                     kv_held: np.ndarray, kv_live: np.ndarray) -> None:
-        """The steps of `part`, all within the covered range (bucket `idx` each), in order."""
-        buckets = idx.tolist()
-        durations = duration_s[part].tolist()
-        waiting, used = num_waiting[part].tolist(), kv_blocks_used[part].tolist()
-        held, live = kv_held[part].tolist(), kv_live[part].tolist()
-        cuts = [0, *(np.flatnonzero(np.diff(idx)) + 1).tolist(), len(buckets)]
-        for lo, hi in zip(cuts, cuts[1:]):  # noqa: B905 - one bucket's steps
-            i = buckets[lo]
-            busy, batch_x, waiting_x = self.busy_s[i], self.batch_x_s[i], self.waiting_x_s[i]
-            running_x, kv_x, kv_busy = self.running_x_s[i], self.kv_x_s[i], self.kv_busy_s[i]
-            held_x, live_x = self.held_x_s[i], self.live_x_s[i]
-            for j in range(lo, hi):  # add()'s floats, in its order
-                d = durations[j]
-                busy += d
-                batch_x += batch_size * d
-                waiting_x += waiting[j] * d
-                running_x += num_running * d
-                kv_x += used[j] * d
-                kv_busy += d
-                held_x += held[j] * d
-                live_x += live[j] * d
-            self.busy_s[i], self.batch_x_s[i], self.waiting_x_s[i] = busy, batch_x, waiting_x
-            self.running_x_s[i], self.kv_x_s[i], self.kv_busy_s[i] = running_x, kv_x, kv_busy
-            self.held_x_s[i], self.live_x_s[i] = held_x, live_x
-            count = hi - lo
-            self.steps[i] += count
-            self.tokens[i] += tokens * count
-            self.tokens_emitted[i] += tokens_emitted * count
-            if batch_size > self.max_batch_size[i]:
-                self.max_batch_size[i] = batch_size
-            top = max(waiting[lo:hi])
-            if top > self.max_waiting[i]:
-                self.max_waiting[i] = top
-            if num_running > self.max_running[i]:
-                self.max_running[i] = num_running
-            top = max(used[lo:hi])
-            if top > self.max_kv_blocks_used[i]:
-                self.max_kv_blocks_used[i] = top
+        """Steps in buckets `idx` (covered, non-decreasing): each bucket one group."""
+        starts = np.flatnonzero(np.diff(idx, prepend=-1))
+        buckets = idx[starts]  # distinct: each bucket's sums are written once
+        reported = kv_held >= 0
+        factors = np.empty((len(idx), len(_BUCKET_FLOAT_SUMS)))  # _BUCKET_FLOAT_SUMS' order
+        factors[:, 0] = 1.0
+        factors[:, 1], factors[:, 2], factors[:, 3] = batch_size, num_waiting, num_running
+        factors[:, 4], factors[:, 5] = kv_blocks_used, reported
+        factors[:, 6], factors[:, 7] = kv_held * reported, kv_live * reported
+        # add()'s terms: factor x duration (an unreported step adds 0.0, leaving the sum)
+        terms = factors * duration_s[:, None]
+        init = np.stack([getattr(self, name)[buckets] for name in _BUCKET_FLOAT_SUMS], axis=1)
+        new = add_in_order(init, terms, starts)
+        for j, name in enumerate(_BUCKET_FLOAT_SUMS):
+            getattr(self, name)[buckets] = new[:, j]
+        self.steps[buckets] += np.diff(starts, append=len(idx))
+        self.tokens[buckets] += np.add.reduceat(tokens, starts)
+        self.tokens_emitted[buckets] += np.add.reduceat(tokens_emitted, starts)
+        for name, x in zip(_BUCKET_MAXES, (batch_size, num_waiting, num_running,
+                                           kv_blocks_used), strict=True):
+            column = getattr(self, name)
+            column[buckets] = np.maximum(column[buckets], np.maximum.reduceat(x, starts))
 
     def _cover(self, start_s: float) -> int:
         """Double the width until `start_s` is covered; return its bucket."""
@@ -315,17 +317,17 @@ class TimeBuckets:
         half = self.max_buckets // 2
         for name in (*_BUCKET_SUMS, *_BUCKET_MAXES):
             old = getattr(self, name)
-            merge = max if name in _BUCKET_MAXES else _add
-            new = [merge(old[2 * j], old[2 * j + 1]) for j in range(half)]
-            setattr(self, name, new + [_zero(name)] * half)
+            merge = np.maximum if name in _BUCKET_MAXES else np.add  # pair by pair
+            new = np.zeros_like(old)
+            new[:half] = merge(old[0::2], old[1::2])
+            setattr(self, name, new)
         self.width_s *= 2.0
         self._inv_width = 1.0 / self.width_s
 
     def frame(self) -> dict[str, np.ndarray]:
         """One row per non-empty bucket; means are weighted by busy time (NaN if none)."""
-        steps = np.array(self.steps, dtype=np.int64)
-        rows = np.flatnonzero(steps)
-        col = {name: np.array(getattr(self, name))[rows]
+        rows = np.flatnonzero(self.steps)
+        col = {name: getattr(self, name)[rows]
                for name in (*_BUCKET_SUMS, *_BUCKET_MAXES)}
         busy = col["busy_s"]
         kv_busy = col["kv_busy_s"]
@@ -345,9 +347,5 @@ class TimeBuckets:
                 "mean_kv_slots_held": means["held"], "mean_kv_live_tokens": means["live"]}
 
 
-def _add(a: float, b: float) -> float:
-    return a + b
-
-
-def _zero(name: str) -> float:
-    return 0.0 if name in _BUCKET_FLOAT_SUMS else 0
+def _dtype(name: str) -> type:
+    return np.float64 if name in _BUCKET_FLOAT_SUMS else np.int64

@@ -1,0 +1,83 @@
+"""Bulk numpy forms of the recorder's per-step arithmetic that give the same floats.
+
+Why: the recorder folds hundreds of thousands of steps; a Python loop per step
+costs a microsecond, a numpy pass over many steps a few nanoseconds each. But
+the published figures are the floats the step-by-step loop produces, so each
+bulk form here must equal its loop bit for bit:
+
+- `add_in_order`: a running float sum added left to right. np.sum and
+  np.add.reduce sum pairwise (different floats); np.add.accumulate adds in
+  order, out[k] = out[k - 1] + x[k], so its last row is the loop's sum.
+  Several sums that restart at group boundaries are done in one accumulate by
+  laying the groups out as rows padded with -0.0, since x + (-0.0) == x for
+  every float x (+0.0 included).
+- `floor_log`: floor(math.log(v) * scale - offset), a log-bin index. np.log
+  may differ from the C library's log by an ulp, which moves the product by
+  far less than `EDGE` (about 1e-11 here: |log v| < 710, scale ~ 1e3), so it
+  can change the floor only where the product lies within EDGE of an integer:
+  those few values are recomputed with math.log.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+EDGE = 1e-6  # products this close to an integer are binned with math.log
+
+
+def floor_log(values: np.ndarray, scale: float, offset: float = 0.0) -> np.ndarray:
+    """math.floor(math.log(v) * scale - offset) for each positive finite v, as int64."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.log(values) * scale - offset
+        near = ~(np.abs(t - np.rint(t)) >= EDGE)  # NaN and inf too: math.log decides
+    out = np.floor(t, where=~near, out=np.zeros(t.shape)).astype(np.int64)
+    if near.any():
+        for j in np.flatnonzero(near).tolist():
+            out[j] = math.floor(math.log(float(values[j])) * scale - offset)
+    return out
+
+
+def add_in_order(init: np.ndarray, terms: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Running sums restarted per group, each added left to right as a Python loop would.
+
+    `terms` (steps x k) holds consecutive groups starting at the rows `starts`
+    (ascending, the first 0); group g's sums start from `init[g]` (k values).
+    Returns (groups x k): init[g] + terms[starts[g]] + ... + terms[last row of g].
+    Groups of up to a few times the mean length share one padded accumulate; a
+    longer one (rare: a bucket that took most steps) gets its own.
+    """
+    groups, steps = len(starts), len(terms)
+    if groups == 1:
+        block = np.empty((steps + 1, *terms.shape[1:]))
+        block[0], block[1:] = init[0], terms
+        return np.add.accumulate(block, axis=0)[-1:]
+    lengths = np.diff(starts, append=steps)
+    width = max(8, 4 * steps // groups)
+    out = np.empty(init.shape)
+    short = lengths <= width
+    rows = np.flatnonzero(short)
+    if rows.size:
+        longest = int(lengths[rows].max())
+        block = np.full((rows.size, longest + 1, *terms.shape[1:]), -0.0)
+        block[:, 0] = init[rows]
+        group = np.repeat(np.arange(rows.size), lengths[rows])
+        take = np.repeat(starts[rows], lengths[rows])
+        offset = np.arange(group.size) - np.repeat(np.cumsum(lengths[rows]) - lengths[rows],
+                                                   lengths[rows])
+        block[group, offset + 1] = terms[take + offset]
+        out[rows] = np.add.accumulate(block, axis=1)[:, -1]
+    for g in np.flatnonzero(~short).tolist():
+        a, n = int(starts[g]), int(lengths[g])
+        out[g] = add_in_order(init[g:g + 1], terms[a:a + n], starts[:1])[0]
+    return out
+
+
+def covered_rise(idx: np.ndarray, limit: int) -> int:
+    """How many leading bucket indices lie in [0, limit) without ever falling: the steps
+    a bulk add can take as consecutive groups before the buckets must widen."""
+    bad = (idx < 0) | (idx >= limit)
+    bad[1:] |= idx[1:] < idx[:-1]
+    first = np.flatnonzero(bad)
+    return int(first[0]) if first.size else len(idx)
