@@ -74,21 +74,24 @@ def requests(rows: list[tuple[float, int, int, int]]) -> list[Request]:
 @st.composite
 def replicas(draw: st.DrawFn) -> dict:
     policy = draw(st.sampled_from(["continuous", "continuous", "continuous", "static",
-                                   "dynamic", "contiguous"]))
+                                   "static", "dynamic", "dynamic", "contiguous"]))
     return {"policy": policy, "blocks": draw(st.integers(30, 600)),
             "block": draw(st.sampled_from([1, 4, 16])), "seqs": draw(st.integers(1, 24)),
             "budget": draw(st.integers(16, 600)), "chunked": draw(st.booleans()),
             "prefix": draw(st.booleans()), "swap": draw(st.booleans()),
             "watermark": draw(st.sampled_from([0.0, 0.01, 0.1])),
-            "graphs": draw(st.booleans()), "batch": draw(st.integers(1, 6))}
+            "graphs": draw(st.booleans()), "batch": draw(st.integers(1, 6)),
+            "pad": draw(st.booleans()), "wait": draw(st.sampled_from([None, 0.0, 0.05]))}
 
 
 def build(c: dict):  # noqa: ANN201 - (scheduler, kv)
     if c["policy"] in ("static", "dynamic"):
         kv = ContiguousAllocator(c["blocks"] * 4, c["block"], 0.0)
+        pad, wait = c.get("pad", True), c.get("wait")
         if c["policy"] == "static":
-            return StaticScheduler(kv, c["batch"], max_model_len=500), kv
-        return DynamicScheduler(kv, c["batch"], 0.02, max_model_len=500), kv
+            return StaticScheduler(kv, c["batch"], wait, max_model_len=500, pad_prompts=pad), kv
+        return DynamicScheduler(kv, c["batch"], 0.02 if wait is None else wait,
+                                max_model_len=500, pad_prompts=pad), kv
     if c["policy"] == "contiguous":
         kv = ContiguousAllocator(c["blocks"], c["block"], c["watermark"])
         return ContinuousScheduler(kv, c["seqs"], max(c["budget"], c["seqs"]), c["chunked"],
@@ -264,6 +267,55 @@ def test_a_run_goes_on_across_finishes_freeing_as_step_by_step(outputs, prompt, 
     assert all(by_start[(now, ids)] == tables for now, ids, tables in plans[1])
     if len(set(outputs)) > 2:  # several distinct finish steps: one run spans finishes
         assert sum(s.finish is not None for s in segments) >= 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["static", "dynamic"]), st.booleans(), st.integers(2, 6),
+       st.lists(st.integers(1, 80), min_size=4, max_size=20))
+def test_a_launched_batch_decodes_as_one_run(policy, pad, batch, outputs) -> None:
+    """Not vacuous: after its prefill a request-level batch's decode steps are one run to its
+    longest member's last step, across its other members' finishes, arrivals or not; both
+    paths agree."""
+    rows = [(0.003 * i, 10 + 11 * i, o, 0) for i, o in enumerate(outputs)]
+    config = {"policy": policy, "blocks": 2000, "block": 16, "seqs": 1, "budget": 16,
+              "chunked": False, "prefix": False, "swap": False, "watermark": 0.0,
+              "graphs": False, "batch": batch, "pad": pad, "wait": 0.01}
+    assert_same(rows, config, 1, "round_robin", ROOF)
+    scheduler, kv = build(config)
+    ran: list = []
+    advance = scheduler.advance_decodes
+
+    def spy(run, begin, end, step_end_s):  # noqa: ANN001, ANN202
+        ran.append((scheduler.batch, run.steps, advance(run, begin, end, step_end_s)))
+        return ran[-1][2]
+
+    scheduler.advance_decodes = spy  # type: ignore[method-assign]
+    launched: list = []
+    launch = scheduler._launch  # noqa: SLF001
+
+    def spy_launch(now: float):  # noqa: ANN202
+        launched.append(launch(now))
+        return launched[-1]
+
+    scheduler._launch = spy_launch  # type: ignore[method-assign]  # noqa: SLF001
+    recorder = RunRecorder()
+    simulate_fleet(iter(requests(rows)), [ReplicaSetup(scheduler, ROOF, recorder, kv)], None,
+                   None, recorder)
+    runs = {}
+    for batch_ran, steps, segments in ran:  # one run per batch, applied in one or more calls
+        runs.setdefault(id(batch_ran), (steps, []))[1].extend(segments)
+    for one in launched:
+        longest = max(r.output_tokens for r in one.members)
+        if longest < 3:  # one decode step at most: no run
+            assert id(one) not in runs
+            continue
+        steps, segments = runs[id(one)]
+        assert steps == longest - 1  # every decode step after the prefill's first token
+        finishes = {r.output_tokens for r in one.members if r.output_tokens > 1}
+        assert sum(s.finish is not None for s in segments) == len(finishes)
+        assert sum(s.run.steps + (s.finish is not None) for s in segments) == steps
+    assert recorder.num_steps == sum(max(r.output_tokens for r in one.members)
+                                     for one in launched)
 
 
 def test_runs_span_finishers_at_a_quiet_rate() -> None:
