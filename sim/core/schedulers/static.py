@@ -5,7 +5,9 @@ or, if `max_wait_s` is set, when the oldest has waited that long. It runs to
 completion (see RequestBatch): padded to B slots, nothing joins, and the next
 batch launches only when its longest member has finished. KV memory is
 contiguous: each member reserves prompt + maximum output at launch and keeps
-it until the batch ends, as servers before paging did.
+it until the batch ends, as servers before paging did. After its prefill a batch's
+decode steps are one decode run for the world to fast-forward (decode_run,
+advance_decodes): arrivals only wait for the next batch.
 """
 
 from __future__ import annotations
