@@ -6,6 +6,8 @@ same instant see the ones routed before them). After the last arrival every
 scheduler is closed (no more requests will come) and idle replicas are woken,
 so static batching launches its short last batch. One replica never calls the
 router and records once, so its hot loop is the single-replica loop it always was.
+Several replicas fast-forward behind the router (sim.world.replica): their steps
+reach the fleet's recorder through a FleetLog, in step by step's order.
 """
 
 from __future__ import annotations
