@@ -74,14 +74,14 @@ def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup],
         raise ValueError("a fleet needs at least one replica")
     env = simpy.Environment()
     next_arrival = NextArrival()
-    # behind a router, the fleet's recorder takes the steps in step by step's order from
-    # a log when some replica fast-forwards (one event per step records them in order)
+    # behind a router that reads only running sets, the fleet's recorder takes the steps
+    # in step by step's order from a log when some replica fast-forwards; one reading KV
+    # (Router.reads_kv) gets every replica step by step, recording in order as it goes
     log = FleetLog(fleet_recorder) if len(setups) > 1 and any(
-        s.fast_forward for s in setups) else None
+        s.fast_forward for s in setups) and not getattr(router, "reads_kv", True) else None
     replicas = [Replica(env, s.scheduler, s.latency, s.recorder, on_done, s.kv,
                         None if s.recorder is fleet_recorder else fleet_recorder, s.speculate,
-                        s.observer, s.fast_forward, next_arrival, log,
-                        router is None or getattr(router, "reads_kv", True))
+                        s.observer, s.fast_forward, next_arrival, log)
                 for s in setups]
     for replica in replicas:
         env.process(replica.run())

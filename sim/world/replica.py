@@ -132,9 +132,6 @@ class Replica:
     # behind a router: the fleet's recorder gets this replica's steps through the log, in
     # step by step's global order (None: straight to fleet_recorder, one event per step)
     fleet_log: FleetLog | None = None
-    # behind a router that reads KV (least_kv, prefix_aware): every run ends before the
-    # fleet's next arrival; else a run goes on and the router reads a caught-up running set
-    cut_at_arrivals: bool = True
     _wake: simpy.Event | None = field(default=None, init=False)
     _aborts: list[int] = field(default_factory=list, init=False)  # asked during a step
     _stepping: bool = field(default=False, init=False)
@@ -146,7 +143,6 @@ class Replica:
     _source: object = field(default=None, init=False)  # this replica's queue in fleet_log
     _cause: Callable[[], tuple] = field(default=after_wake(0), init=False)  # the last resume
     _wake_no: int = field(default=0, init=False)
-    _step_next: bool = field(default=False, init=False)  # the next step holds an arrival
 
     def __post_init__(self) -> None:
         if self.kv is not None:  # every KV pool answers (0 without a prefix cache)
@@ -189,8 +185,7 @@ class Replica:
                 self.on_done(1)
             return
         running = self._run
-        if (running is not None and running.run.stops_at_arrival and self.fleet_log is not None
-                and not self.cut_at_arrivals):
+        if running is not None and running.run.stops_at_arrival and self.fleet_log is not None:
             self._truncate(running)
         if self._run_arrivals is not None:
             self._run_arrivals.append(self.env.now)
@@ -246,13 +241,10 @@ class Replica:
             and speculate is None and (self.fleet_recorder is None or log is not None)
             and self.next_arrival is not None) else None
         while True:
-            if decode_run is not None and not self._step_next and (
-                    run := decode_run()) is not None and (
-                    self._begin_run(run, recorders)) is not None:
-                yield self._run.at  # type: ignore[union-attr]
+            if decode_run is not None and (run := decode_run()) is not None:
+                yield self._begin_run(run, recorders)
                 self._end_run()
                 continue
-            self._step_next = False
             plan = scheduler.schedule(env.now)
             if plan is None:
                 self._wake = env.event()
@@ -296,35 +288,24 @@ class Replica:
             if self._aborts:
                 self._apply_aborts()
 
-    def _begin_run(self, run: DecodeRun, recorders: tuple[RunRecorder, ...]) -> float | None:
-        """Start holding the clock for a decode run as one event; returns when it ends (the
-        world waits for that instant, then calls _end_run), or None: no step of it can
-        run as part of a run (the next step holds an arrival, behind a router).
+    def _begin_run(self, run: DecodeRun, recorders: tuple[RunRecorder, ...]) -> simpy.Event:
+        """Start holding the clock for a decode run as one event: the event at its end,
+        which the world waits for before calling _end_run.
 
         An arrival at a step's end is seen by the next schedule() (fleet._Arrival
         fires first), so a run that an arrival may join ends with the step whose
-        end is at or after it. Behind a router every replica must be at each arrival
-        as step by step would be: the run ends with the last step that ends before the
-        next arrival, and the step the arrival lands in (scheduled, its blocks taken,
-        not applied) runs as its own event. Step ends are the running float sum SimPy
-        would have reached one timeout at a time.
+        end is at or after it. Behind a router the next arrival may go elsewhere: the
+        run is cut when one joins it (_truncate). Step ends are the running float sum
+        SimPy would have reached one timeout at a time.
         """
         env = self.env
         assert self.next_arrival is not None
         behind = self.fleet_log is not None
-        at_s = self.next_arrival.at_s if (run.stops_at_arrival and not behind) or (
-            behind and self.cut_at_arrivals) else math.inf
+        at_s = self.next_arrival.at_s if run.stops_at_arrival and not behind else math.inf
         duration_s = self._price(run, at_s - env.now)
         ends_s = np.cumsum(np.concatenate(((env.now,), duration_s)))
         steps = len(duration_s)
-        if behind and self.cut_at_arrivals:
-            steps = int(np.searchsorted(ends_s[1:], at_s, side="left"))
-            self._step_next = steps < len(duration_s)
-            if not steps:
-                return None
-        elif behind:  # the arrival this run ends at is not known yet (_truncate)
-            pass
-        elif run.stops_at_arrival:
+        if run.stops_at_arrival and not behind:
             steps = min(steps, int(np.searchsorted(ends_s[1:], at_s)) + 1)
         self._run_arrivals = []
         self._run = _Running(run, recorders, ends_s, duration_s, ends_s[1:steps + 1].tolist(),
@@ -333,9 +314,8 @@ class Replica:
             self._run_feed = [ends_s[:steps], duration_s[:steps], run.kv_blocked, 0]
         if behind:
             self._source.horizon_s = float(ends_s[1])  # type: ignore[attr-defined]
-        end_s = float(ends_s[steps])
-        self._run.at = _At(env, end_s)
-        return end_s
+        self._run.at = _At(env, float(ends_s[steps]))
+        return self._run.at
 
     def _truncate(self, state: _Running) -> None:
         """An arrival joined a run that began with an empty queue: the run now ends with the

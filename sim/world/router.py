@@ -46,8 +46,9 @@ class ReplicaView(Protocol):
 
 class Router(Protocol):
     """`reads_kv`: whether choose() reads kv_load or cached_prefix_tokens (a router without
-    it is taken to): the fleet then stops every replica's decode runs before each arrival,
-    so that their KV is step by step's; otherwise only the running sets are caught up."""
+    it is taken to). Such a router reads KV that a decode run in progress has not applied,
+    so its replicas run step by step; one reading only num_outstanding gets replicas
+    that fast-forward, their running sets caught up before each arrival."""
 
     def choose(self, request: Request, replicas: Sequence[ReplicaView],
                rng: np.random.Generator) -> int: ...
