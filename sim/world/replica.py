@@ -6,13 +6,13 @@ A run of plain decode steps whose plans cannot change (sim/core/decode_run.py)
 is one event: priced in one call, ended at the step the next arrival lands in
 when that arrival could be admitted, applied and recorded in bulk, with the
 same floats as step by step (`fast_forward=False`, the tests' oracle). Behind
-a router a replica fast-forwards too: its state at each arrival is step by
-step's (runs end before each arrival where the router reads KV, else the
-running set is caught up, `catch_up`), and its steps reach the fleet's
-recorder through the fleet's log in step by step's global order
-(sim/world/fleet_log.py). With speculation (random acceptance) or an
-observer that needs every plan (a traced timeline, the slot picture) it runs
-step by step. The TTFT diagnosis takes a run's steps in bulk, fed to it
+a router that reads only running sets a replica fast-forwards too: its
+running set is caught up before each arrival (`catch_up`), a run an arrival
+joins is cut at the step it landed in (`_truncate`), and its steps reach the
+fleet's recorder through the fleet's log in step by step's global order
+(sim/world/fleet_log.py). Behind a router reading KV, with speculation
+(random acceptance) or an observer that needs every plan (a traced timeline,
+the slot picture) it runs step by step. The TTFT diagnosis takes a run's steps in bulk, fed to it
 before any arrival that falls after their start. Arrivals
 during a step are queued at once (sim.world.fleet submits them) and seen at
 the next schedule(). Finished requests are handed to the recorders and
