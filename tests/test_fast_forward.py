@@ -6,7 +6,9 @@ exact instant a step ends: power-of-two step times and arrival grids), the
 first finisher, a pool that runs dry (recompute and swap preemption), a
 queue held back by seats, budget or KV blocks, prefix caching, chunked
 prefill on and off, CUDA-graph padding, contiguous pools, request-level
-batching, fleets behind routers, and the TTFT diagnosis observing it all.
+batching (static, dynamic, padded prompts or not), fleets behind each router
+(whose recorder must get the replicas' steps in step by step's global order,
+ties included), and the TTFT diagnosis observing it all.
 """
 
 from __future__ import annotations
@@ -74,21 +76,24 @@ def requests(rows: list[tuple[float, int, int, int]]) -> list[Request]:
 @st.composite
 def replicas(draw: st.DrawFn) -> dict:
     policy = draw(st.sampled_from(["continuous", "continuous", "continuous", "static",
-                                   "dynamic", "contiguous"]))
+                                   "static", "dynamic", "dynamic", "contiguous"]))
     return {"policy": policy, "blocks": draw(st.integers(30, 600)),
             "block": draw(st.sampled_from([1, 4, 16])), "seqs": draw(st.integers(1, 24)),
             "budget": draw(st.integers(16, 600)), "chunked": draw(st.booleans()),
             "prefix": draw(st.booleans()), "swap": draw(st.booleans()),
             "watermark": draw(st.sampled_from([0.0, 0.01, 0.1])),
-            "graphs": draw(st.booleans()), "batch": draw(st.integers(1, 6))}
+            "graphs": draw(st.booleans()), "batch": draw(st.integers(1, 6)),
+            "pad": draw(st.booleans()), "wait": draw(st.sampled_from([None, 0.0, 0.05]))}
 
 
 def build(c: dict):  # noqa: ANN201 - (scheduler, kv)
     if c["policy"] in ("static", "dynamic"):
         kv = ContiguousAllocator(c["blocks"] * 4, c["block"], 0.0)
+        pad, wait = c.get("pad", True), c.get("wait")
         if c["policy"] == "static":
-            return StaticScheduler(kv, c["batch"], max_model_len=500), kv
-        return DynamicScheduler(kv, c["batch"], 0.02, max_model_len=500), kv
+            return StaticScheduler(kv, c["batch"], wait, max_model_len=500, pad_prompts=pad), kv
+        return DynamicScheduler(kv, c["batch"], 0.02 if wait is None else wait,
+                                max_model_len=500, pad_prompts=pad), kv
     if c["policy"] == "contiguous":
         kv = ContiguousAllocator(c["blocks"], c["block"], c["watermark"])
         return ContinuousScheduler(kv, c["seqs"], max(c["budget"], c["seqs"]), c["chunked"],
@@ -124,9 +129,10 @@ def stamps(r: Request) -> tuple:
             r.prefix_hit_tokens, r.num_output_done)
 
 
-@settings(max_examples=200, deadline=None)
-@given(workloads(), replicas(), st.sampled_from([1, 1, 1, 2, 3]),
-       st.sampled_from(["round_robin", "least_kv", "prefix_aware"]),
+@settings(max_examples=300, deadline=None)
+@given(workloads(), replicas(), st.sampled_from([1, 1, 2, 3, 4]),
+       st.sampled_from(["round_robin", "least_outstanding", "least_kv", "power_of_two",
+                        "prefix_aware"]),
        st.sampled_from(["roofline", "power-of-two"]))
 def test_fast_forward_equals_step_by_step(rows, config, count, router, latency_name) -> None:
     assert_same(rows, config, count, router, ROOF if latency_name == "roofline" else PowerOfTwo())
@@ -266,6 +272,55 @@ def test_a_run_goes_on_across_finishes_freeing_as_step_by_step(outputs, prompt, 
         assert sum(s.finish is not None for s in segments) >= 2
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["static", "dynamic"]), st.booleans(), st.integers(2, 6),
+       st.lists(st.integers(1, 80), min_size=4, max_size=20))
+def test_a_launched_batch_decodes_as_one_run(policy, pad, batch, outputs) -> None:
+    """Not vacuous: after its prefill a request-level batch's decode steps are one run to its
+    longest member's last step, across its other members' finishes, arrivals or not; both
+    paths agree."""
+    rows = [(0.003 * i, 10 + 11 * i, o, 0) for i, o in enumerate(outputs)]
+    config = {"policy": policy, "blocks": 2000, "block": 16, "seqs": 1, "budget": 16,
+              "chunked": False, "prefix": False, "swap": False, "watermark": 0.0,
+              "graphs": False, "batch": batch, "pad": pad, "wait": 0.01}
+    assert_same(rows, config, 1, "round_robin", ROOF)
+    scheduler, kv = build(config)
+    ran: list = []
+    advance = scheduler.advance_decodes
+
+    def spy(run, begin, end, step_end_s):  # noqa: ANN001, ANN202
+        ran.append((scheduler.batch, run.steps, advance(run, begin, end, step_end_s)))
+        return ran[-1][2]
+
+    scheduler.advance_decodes = spy  # type: ignore[method-assign]
+    launched: list = []
+    launch = scheduler._launch  # noqa: SLF001
+
+    def spy_launch(now: float):  # noqa: ANN202
+        launched.append(launch(now))
+        return launched[-1]
+
+    scheduler._launch = spy_launch  # type: ignore[method-assign]  # noqa: SLF001
+    recorder = RunRecorder()
+    simulate_fleet(iter(requests(rows)), [ReplicaSetup(scheduler, ROOF, recorder, kv)], None,
+                   None, recorder)
+    runs = {}
+    for batch_ran, steps, segments in ran:  # one run per batch, applied in one or more calls
+        runs.setdefault(id(batch_ran), (steps, []))[1].extend(segments)
+    for one in launched:
+        longest = max(r.output_tokens for r in one.members)
+        if longest < 3:  # one decode step at most: no run
+            assert id(one) not in runs
+            continue
+        steps, segments = runs[id(one)]
+        assert steps == longest - 1  # every decode step after the prefill's first token
+        finishes = {r.output_tokens for r in one.members if r.output_tokens > 1}
+        assert sum(s.finish is not None for s in segments) == len(finishes)
+        assert sum(s.run.steps + (s.finish is not None) for s in segments) == steps
+    assert recorder.num_steps == sum(max(r.output_tokens for r in one.members)
+                                     for one in launched)
+
+
 def test_runs_span_finishers_at_a_quiet_rate() -> None:
     """Not vacuous: with nobody waiting a run carries on past its finishers."""
     rows = [(0.0, 20, 10 + 7 * i, 0) for i in range(12)]
@@ -286,3 +341,35 @@ def test_runs_span_finishers_at_a_quiet_rate() -> None:
     assert len(ran) == 1  # one run after the prefill step, to the last finisher
     assert sum(s.finish is not None for s in ran[0]) == 12
     assert recorder.num_steps == 1 + 10 + 7 * 11 - 1
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(["round_robin", "least_outstanding", "least_kv", "power_of_two",
+                        "prefix_aware"]), st.sampled_from([2, 4]), st.booleans())
+def test_replicas_behind_a_router_fast_forward(router, count, ties) -> None:
+    """Not vacuous: behind a router that reads only running sets most steps go by in runs
+    (caught up before each arrival); one reading KV gets replicas that run step by step."""
+    gap_s = 1 / 64 if ties else 0.037
+    rows = [(gap_s * i, 30 + 17 * (i % 7), 20 + 31 * (i % 5), i % 3) for i in range(40)]
+    config = {"policy": "continuous", "blocks": 3000, "block": 16, "seqs": 32, "budget": 512,
+              "chunked": True, "prefix": True, "swap": False, "watermark": 0.0,
+              "graphs": True, "batch": 1}
+    latency = PowerOfTwo() if ties else ROOF
+    assert_same(rows, config, count, router, latency)
+    fleet, setups, ran = RunRecorder(), [], []
+    for _ in range(count):
+        scheduler, kv = build(config)
+        advance = scheduler.advance_decodes
+
+        def spy(run, begin, end, step_end_s, advance=advance):  # noqa: ANN001, ANN202
+            ran.append(end - begin)
+            return advance(run, begin, end, step_end_s)
+
+        scheduler.advance_decodes = spy  # type: ignore[method-assign]
+        setups.append(ReplicaSetup(scheduler, latency, RunRecorder(), kv))
+    simulate_fleet(iter(requests(rows)), setups, build_router(router), router_rng(0), fleet)
+    if build_router(router).reads_kv:
+        assert ran == []
+    else:
+        assert sum(ran) > 0.5 * fleet.num_steps
+    assert fleet.num_steps == sum(s.recorder.num_steps for s in setups)

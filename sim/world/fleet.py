@@ -6,6 +6,8 @@ same instant see the ones routed before them). After the last arrival every
 scheduler is closed (no more requests will come) and idle replicas are woken,
 so static batching launches its short last batch. One replica never calls the
 router and records once, so its hot loop is the single-replica loop it always was.
+Several replicas fast-forward behind the router (sim.world.replica): their steps
+reach the fleet's recorder through a FleetLog, in step by step's order.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
 from sim.observe.trace import StepObserver
 from sim.results.metrics import RunRecorder
+from sim.world.fleet_log import FleetLog
 from sim.world.replica import NextArrival, Replica, ReplicaSetup
 from sim.world.router import Router
 
@@ -41,13 +44,17 @@ class _Arrival(simpy.Event):
 
 
 def _arrivals(env: simpy.Environment, requests: Iterable[Request],
-              route: Callable[[Request], Replica], replicas: Iterable[Replica],
-              next_arrival: NextArrival):  # noqa: ANN202
+              route: Callable[[Request], Replica], replicas: Sequence[Replica],
+              next_arrival: NextArrival, log: FleetLog | None):  # noqa: ANN202
     for request in requests:
         next_arrival.at_s = request.arrival_s
         delay_s = request.arrival_s - env.now
         if delay_s > 0:
             yield _Arrival(env, delay_s)
+        if log is not None:
+            for replica in replicas:  # the router reads caught-up running sets
+                replica.catch_up()
+            log.flush(env.now)
         route(request).submit(request)
     next_arrival.at_s = math.inf
     for replica in replicas:
@@ -67,11 +74,14 @@ def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup],
         raise ValueError("a fleet needs at least one replica")
     env = simpy.Environment()
     next_arrival = NextArrival()
-    # a replica behind a router runs step by step: the router reads its KV at each arrival
-    alone = next_arrival if len(setups) == 1 else None
+    # behind a router that reads only running sets, the fleet's recorder takes the steps
+    # in step by step's order from a log when some replica fast-forwards; one reading KV
+    # (Router.reads_kv) gets every replica step by step, recording in order as it goes
+    log = FleetLog(fleet_recorder) if len(setups) > 1 and any(
+        s.fast_forward for s in setups) and not getattr(router, "reads_kv", True) else None
     replicas = [Replica(env, s.scheduler, s.latency, s.recorder, on_done, s.kv,
                         None if s.recorder is fleet_recorder else fleet_recorder, s.speculate,
-                        s.observer, s.fast_forward, alone)
+                        s.observer, s.fast_forward, next_arrival, log)
                 for s in setups]
     for replica in replicas:
         env.process(replica.run())
@@ -87,8 +97,10 @@ def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup],
 
         def route(request: Request) -> Replica:
             return replicas[choose(request, replicas, rng)]
-    env.process(_arrivals(env, requests, route, replicas, next_arrival))
+    env.process(_arrivals(env, requests, route, replicas, next_arrival, log))
     env.run()
+    if log is not None:
+        log.flush(math.inf)
     return float(env.now)
 
 

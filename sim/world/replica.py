@@ -5,11 +5,14 @@ holds the simulated clock for the step's predicted latency, then applies it.
 A run of plain decode steps whose plans cannot change (sim/core/decode_run.py)
 is one event: priced in one call, ended at the step the next arrival lands in
 when that arrival could be admitted, applied and recorded in bulk, with the
-same floats as step by step (`fast_forward=False`, the tests' oracle). A
-replica fast-forwards alone only: behind a router (which reads every
-replica's KV at each arrival), with speculation (random acceptance) or with
-an observer that needs every plan (a traced timeline, the slot picture) it
-runs step by step. The TTFT diagnosis takes a run's steps in bulk, fed to it
+same floats as step by step (`fast_forward=False`, the tests' oracle). Behind
+a router that reads only running sets a replica fast-forwards too: its
+running set is caught up before each arrival (`catch_up`), a run an arrival
+joins is cut at the step it landed in (`_truncate`), and its steps reach the
+fleet's recorder through the fleet's log in step by step's global order
+(sim/world/fleet_log.py). Behind a router reading KV, with speculation
+(random acceptance) or an observer that needs every plan (a traced timeline,
+the slot picture) it runs step by step. The TTFT diagnosis takes a run's steps in bulk, fed to it
 before any arrival that falls after their start. Arrivals
 during a step are queued at once (sim.world.fleet submits them) and seen at
 the next schedule(). Finished requests are handed to the recorders and
@@ -40,6 +43,16 @@ from sim.latency import LatencyModel
 from sim.observe.trace import StepObserver
 from sim.results.metrics import RunRecorder
 from sim.results.recording import record_decode_run, record_step
+from sim.world.fleet_log import (
+    FleetLog,
+    Steps,
+    after_step,
+    after_timer,
+    after_wake,
+    after_wake_condition,
+    emit_run,
+    emit_step,
+)
 
 SCRIPTED = StepResult()  # the simulator's outputs are scripted: no token values
 
@@ -94,6 +107,7 @@ class _Running:
     step_end_s: list[float]
     finish_steps: list[int]  # the steps some finish in, not yet applied
     applied: int = 0
+    at: simpy.Event | None = None  # the event at its end, which the replica waits on
 
 
 def _no_cache(_request: Request) -> int:
@@ -115,6 +129,9 @@ class Replica:
     observer: StepObserver | None = None  # see ReplicaSetup
     fast_forward: bool = True  # see ReplicaSetup
     next_arrival: NextArrival | None = None  # kept by the fleet; None: never fast-forward
+    # behind a router: the fleet's recorder gets this replica's steps through the log, in
+    # step by step's global order (None: straight to fleet_recorder, one event per step)
+    fleet_log: FleetLog | None = None
     _wake: simpy.Event | None = field(default=None, init=False)
     _aborts: list[int] = field(default_factory=list, init=False)  # asked during a step
     _stepping: bool = field(default=False, init=False)
@@ -123,10 +140,15 @@ class Replica:
     _run_feed: list | None = field(default=None, init=False)
     _run: _Running | None = field(default=None, init=False)  # during a decode run
     _cached: Callable[[Request], int] = field(default=_no_cache, init=False)
+    _source: object = field(default=None, init=False)  # this replica's queue in fleet_log
+    _cause: Callable[[], tuple] = field(default=after_wake(0), init=False)  # the last resume
+    _wake_no: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if self.kv is not None:  # every KV pool answers (0 without a prefix cache)
             self._cached = self.kv.cached_prefix_tokens
+        if self.fleet_log is not None:
+            self._source = self.fleet_log.source()
 
     # -- what a router reads (sim.world.router.ReplicaView) --------------------------
     @property
@@ -142,21 +164,29 @@ class Replica:
         return self._cached(request)
 
     # -- the world -------------------------------------------------------------
-    def submit(self, request: Request) -> None:
+    def catch_up(self) -> None:
+        """A run's finishers before now leave first (applied and recorded up to now): the
+        router, the observer and the recorders see what step by step's would."""
         running = self._run
         if running is not None and running.finish_steps:
-            # a run's finishers before now leave first (applied and recorded up to now): the
-            # observer and the recorders see what step by step's would
             upto = bisect.bisect_left(running.step_end_s, self.env.now)
             if running.finish_steps[0] < upto:
                 self._advance(upto)
+
+    def submit(self, request: Request) -> None:
+        self.catch_up()
         if not self.scheduler.add(request, self.env.now):
             self.recorder.record_rejected(request)
-            if self.fleet_recorder is not None:
+            if self.fleet_log is not None:  # after every step ended before now
+                self.fleet_log.rejected(request, self.env.now)
+            elif self.fleet_recorder is not None:
                 self.fleet_recorder.record_rejected(request)
             if self.on_done is not None:
                 self.on_done(1)
             return
+        running = self._run
+        if running is not None and running.run.stops_at_arrival and self.fleet_log is not None:
+            self._truncate(running)
         if self._run_arrivals is not None:
             self._run_arrivals.append(self.env.now)
             if self._run_feed is not None:
@@ -173,7 +203,7 @@ class Replica:
     def abort(self, request_id: int) -> None:
         """Drop a request (its client went away): now when idle, else as the running step ends
         (the step contract aborts between steps). It is recorded with the rejected, by reason."""
-        if self._run_arrivals is not None:  # the run's steps are already fixed
+        if self._run_arrivals is not None or self.fleet_log is not None:  # steps are fixed
             raise RuntimeError("an abort during a decode run: a replica whose requests may "
                                "be aborted runs step by step (fast_forward=False)")
         self._aborts.append(request_id)
@@ -196,20 +226,24 @@ class Replica:
     def _wake_up(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+            if self.fleet_log is not None:
+                self._wake_no = self.fleet_log.next_wake()
 
     def run(self):  # noqa: ANN201 - a SimPy process generator
         env, scheduler = self.env, self.scheduler
-        recorders = (self.recorder,) if self.fleet_recorder is None else (
+        log = self.fleet_log
+        recorders = (self.recorder,) if self.fleet_recorder is None or log is not None else (
             self.recorder, self.fleet_recorder)
         step_time = self.latency.step_time
         speculate, observer = self.speculate, self.observer
         decode_run = scheduler.decode_run if (
             self.fast_forward and (observer is None or observer.takes_decode_runs)
-            and speculate is None and self.fleet_recorder is None
+            and speculate is None and (self.fleet_recorder is None or log is not None)
             and self.next_arrival is not None) else None
         while True:
             if decode_run is not None and (run := decode_run()) is not None:
-                yield from self._fast_forward(run, recorders)
+                yield self._begin_run(run, recorders)
+                self._end_run()
                 continue
             plan = scheduler.schedule(env.now)
             if plan is None:
@@ -217,8 +251,19 @@ class Replica:
                 wakeup_s = scheduler.next_wakeup(env.now)
                 if wakeup_s is None:
                     yield self._wake
+                    if log is not None:
+                        self._cause = after_wake(self._wake_no)
                 else:
-                    yield self._wake | env.timeout(max(0.0, wakeup_s - env.now))
+                    timer = env.timeout(max(0.0, wakeup_s - env.now))
+                    created_s, created, order = env.now, self._cause, []
+                    if log is not None:  # which child the condition fired on
+                        timer.callbacks.append(order.append)
+                        self._wake.callbacks.append(order.append)
+                    yield self._wake | timer
+                    if log is not None:
+                        self._cause = (after_timer(created_s, created, env.now)
+                                       if order[0] is timer else
+                                       after_wake_condition(self._wake_no))
                 self._wake = None
                 continue
             start_s = env.now
@@ -233,40 +278,80 @@ class Replica:
             finished = scheduler.on_step_done(plan, result, env.now)
             record_step(recorders, scheduler, start_s, duration_s, plan, finished, held,
                         None if speculate is None else result)
+            if log is not None:
+                self._log([env.now], [start_s], emit_step(
+                    plan, start_s, duration_s, scheduler.num_waiting, scheduler.num_running,
+                    scheduler.kv_blocks_used, held, finished,
+                    None if speculate is None else result))
             if finished and self.on_done is not None:
                 self.on_done(len(finished))
             if self._aborts:
                 self._apply_aborts()
 
-    def _fast_forward(self, run: DecodeRun, recorders: tuple[RunRecorder, ...]):  # noqa: ANN202
-        """Hold the clock for a decode run as one event, then apply and record its steps.
+    def _begin_run(self, run: DecodeRun, recorders: tuple[RunRecorder, ...]) -> simpy.Event:
+        """Start holding the clock for a decode run as one event: the event at its end,
+        which the world waits for before calling _end_run.
 
         An arrival at a step's end is seen by the next schedule() (fleet._Arrival
         fires first), so a run that an arrival may join ends with the step whose
-        end is at or after it. Step ends are the running float sum SimPy would
-        have reached one timeout at a time.
+        end is at or after it. Behind a router the next arrival may go elsewhere: the
+        run is cut when one joins it (_truncate). Step ends are the running float sum
+        SimPy would have reached one timeout at a time.
         """
         env = self.env
         assert self.next_arrival is not None
-        at_s = self.next_arrival.at_s if run.stops_at_arrival else math.inf
+        behind = self.fleet_log is not None
+        at_s = self.next_arrival.at_s if run.stops_at_arrival and not behind else math.inf
         duration_s = self._price(run, at_s - env.now)
         ends_s = np.cumsum(np.concatenate(((env.now,), duration_s)))
         steps = len(duration_s)
-        if run.stops_at_arrival:
+        if run.stops_at_arrival and not behind:
             steps = min(steps, int(np.searchsorted(ends_s[1:], at_s)) + 1)
         self._run_arrivals = []
         self._run = _Running(run, recorders, ends_s, duration_s, ends_s[1:steps + 1].tolist(),
                              [start - 1 for start, _ in run.segments[1:] if start <= steps])
         if self.observer is not None:
             self._run_feed = [ends_s[:steps], duration_s[:steps], run.kv_blocked, 0]
-        end_s = float(ends_s[steps])
-        yield _At(env, end_s)
-        assert env.now == end_s
+        if behind:
+            self._source.horizon_s = float(ends_s[1])  # type: ignore[attr-defined]
+        self._run.at = _At(env, float(ends_s[steps]))
+        return self._run.at
+
+    def _truncate(self, state: _Running) -> None:
+        """An arrival joined a run that began with an empty queue: the run now ends with the
+        step the arrival landed in (its end at or after now), as a lone replica's would."""
+        steps = bisect.bisect_left(state.step_end_s, self.env.now) + 1
+        if steps >= len(state.step_end_s):
+            return
+        del state.step_end_s[steps:]
+        state.finish_steps = [f for f in state.finish_steps if f < steps]
+        if self._run_feed is not None:
+            self._run_feed[0], self._run_feed[1] = (self._run_feed[0][:steps],
+                                                    self._run_feed[1][:steps])
+        at, old = _At(self.env, state.step_end_s[-1]), state.at
+        assert old is not None
+        at.callbacks, old.callbacks = old.callbacks, []  # the replica now waits on `at`
+        state.at = at
+
+    def _end_run(self) -> None:
+        """The run's end: show the observer the rest, apply and record its steps."""
+        state = self._run
+        assert state is not None and self.env.now == state.step_end_s[-1]
         if self._run_feed is not None:
             self._feed_observer(math.inf)
             self._run_feed = None
-        self._advance(steps)
+        self._advance(len(state.step_end_s))
         self._run = self._run_arrivals = None
+        if self.fleet_log is not None:
+            self._source.horizon_s = math.inf  # type: ignore[attr-defined]
+            self.fleet_log.flush(self.env.now)
+
+    def _log(self, end_s: list[float], start_s: object, emit: Callable) -> None:
+        """Hand steps to the fleet's log, resumed before the first as self._cause says."""
+        assert self.fleet_log is not None
+        steps = Steps(end_s, start_s, self._cause, emit)  # type: ignore[arg-type]
+        self.fleet_log.add(self._source, steps)  # type: ignore[arg-type]
+        self._cause = after_step(steps)
 
     def _price(self, run: DecodeRun, within_s: float) -> np.ndarray:
         """The durations of the run's steps up to the one running `within_s` from its start
@@ -299,6 +384,9 @@ class Replica:
         if upto <= begin:
             return
         state.applied = upto
+        if self.fleet_log is not None:  # the first step not handed to the log yet
+            self._source.horizon_s = (state.step_end_s[upto] if upto < len(state.step_end_s)  # type: ignore[attr-defined]
+                                      else math.inf)
         while state.finish_steps and state.finish_steps[0] < upto:
             del state.finish_steps[0]
         run, ends_s, duration_s = state.run, state.ends_s, state.duration_s
@@ -307,12 +395,17 @@ class Replica:
         if self._run_arrivals:  # joined the queue by each step's end
             waiting += np.searchsorted(np.array(self._run_arrivals), ends_s[begin + 1:upto + 1],
                                        side="right")
-        recorders, done = state.recorders, 0
+        recorders, done, log = state.recorders, 0, self.fleet_log
         for segment in ran:
             a, k = segment.start, segment.run.steps
             if k:
+                queued_each = waiting[a - begin:a - begin + k]
                 record_decode_run(recorders, segment.run, ends_s[a:a + k], duration_s[a:a + k],
-                                  waiting[a - begin:a - begin + k])
+                                  queued_each)
+                if log is not None:
+                    self._log(state.step_end_s[a:a + k], ends_s[a:a + k].tolist(),
+                              emit_run(segment.run, ends_s[a:a + k], duration_s[a:a + k],
+                                       queued_each))
             finish = segment.finish
             if finish is not None:  # the finishers' step, as record_step would record it
                 f = a + k
@@ -323,6 +416,10 @@ class Replica:
                                          finish.kv_blocks_used, finish.kv_slots_held)
                     for request in finish.finished:
                         recorder.record_finished(request)
+                if log is not None:
+                    self._log([state.step_end_s[f]], [start_s], emit_step(
+                        finish.plan, start_s, step_s, queued, finish.num_running,
+                        finish.kv_blocks_used, finish.kv_slots_held, finish.finished, None))
                 done += len(finish.finished)
         if done and self.on_done is not None:
             self.on_done(done)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -45,6 +45,11 @@ class ReplicaView(Protocol):
 
 
 class Router(Protocol):
+    """`reads_kv`: whether choose() reads kv_load or cached_prefix_tokens (a router without
+    it is taken to). Such a router reads KV that a decode run in progress has not applied,
+    so its replicas run step by step; one reading only num_outstanding gets replicas
+    that fast-forward, their running sets caught up before each arrival."""
+
     def choose(self, request: Request, replicas: Sequence[ReplicaView],
                rng: np.random.Generator) -> int: ...
 
@@ -69,6 +74,7 @@ def _argmin_rotating(keys: Sequence[float | tuple[float, ...]], start: int) -> i
 class RoundRobin:
     """Replica 0, 1, ..., N-1, 0, ...: blind to load, the baseline."""
 
+    reads_kv: ClassVar[bool] = False  # see Router.reads_kv
     __slots__ = ("_next",)
 
     def __init__(self) -> None:
@@ -84,6 +90,7 @@ class RoundRobin:
 class LeastOutstanding:
     """Fewest waiting + running requests (ties round-robin)."""
 
+    reads_kv: ClassVar[bool] = False  # see Router.reads_kv
     __slots__ = ("_turn",)
 
     def __init__(self) -> None:
@@ -98,6 +105,7 @@ class LeastOutstanding:
 class LeastKV:
     """Lowest KV-block occupancy; ties by outstanding requests, then round-robin."""
 
+    reads_kv: ClassVar[bool] = True
     __slots__ = ("_turn",)
 
     def __init__(self) -> None:
@@ -116,6 +124,7 @@ class PowerOfTwo:
     distributed front end would. Ties go to the first drawn (already random).
     """
 
+    reads_kv: ClassVar[bool] = False  # see Router.reads_kv
     __slots__ = ()
 
     def choose(self, request: Request, replicas: Sequence[ReplicaView],
@@ -142,6 +151,7 @@ class PrefixAware:
     round-robin, so with no cache hits this is least-outstanding routing.
     """
 
+    reads_kv: ClassVar[bool] = True
     __slots__ = ("load_limit", "_turn")
 
     def __init__(self, load_limit: float = DEFAULT_LOAD_LIMIT) -> None:

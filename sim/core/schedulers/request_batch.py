@@ -13,10 +13,21 @@ and empty slots count in `padded_batch`, which latency models charge as rows of
 the linear layers. The plan's own columns (new tokens, contexts, tables) stay
 the real ones, so useful work can be told from padding: useful prefill tokens
 are `sum(plan.num_new_tokens)` where the shape says `num_prefill_tokens`.
+
+Once prefilled, a batch's plans depend on nothing but its members (arrivals wait
+for the next batch): every later step is the last one with every context a token
+longer, less the members that finished in it. So the rest of a batch is one
+decode run (sim.core.decode_run) across its members' finishes: `decode_run`
+describes it, segment by segment (a segment per set of live members), and
+`advance_plain` applies a segment's steps in which nobody finishes; the step a
+member finishes in is planned and applied as step by step (`plan`, `apply`).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from sim.core.decode_run import DecodeRun
 from sim.core.kv import KVManager
 from sim.core.plan import StepPlan, StepShape
 from sim.core.request import Request, RequestState
@@ -64,19 +75,63 @@ class RequestBatch:
                         (True,) * n, (True,) * n, shape)
 
     def _decode_plan(self, kv: KVManager) -> StepPlan:
-        live = [r for r in self.members if r.state is RequestState.RUNNING]
+        live = self._live()
         contexts = tuple(r.num_computed_tokens for r in live)
         tables = tuple(_table(kv, r, c + 1) for r, c in zip(live, contexts, strict=True))
-        if self.pad_prompts:  # left padding: every row is as long as the longest prompt's
-            charged = [c + self._max_prompt - r.prompt_tokens
-                       for r, c in zip(live, contexts, strict=True)]
-        else:
-            charged = list(contexts)
+        charged = self._charged(live, contexts)
         n = len(live)
-        shape = StepShape(num_decodes=n, decode_context_sum=sum(charged),
-                          decode_context_max=max(charged), padded_batch=self.padded_batch)
         return StepPlan(tuple(r.request_id for r in live), (1,) * n, contexts, tables,
-                        (False,) * n, (True,) * n, shape)
+                        (False,) * n, (True,) * n,
+                        self._decode_shape(n, sum(charged), max(charged)))
+
+    def _live(self) -> list[Request]:
+        return [r for r in self.members if r.state is RequestState.RUNNING]
+
+    def _charged(self, live: list[Request], contexts: tuple[int, ...]) -> list[int]:
+        """The contexts the kernels run over: left padding makes every row as long as the
+        longest prompt's (pad_prompts)."""
+        if not self.pad_prompts:
+            return list(contexts)
+        return [c + self._max_prompt - r.prompt_tokens for r, c in zip(live, contexts,
+                                                                        strict=True)]
+
+    def _decode_shape(self, n: int, context_sum: int, context_max: int) -> StepShape:
+        return StepShape(num_decodes=n, decode_context_sum=context_sum,
+                         decode_context_max=context_max, padded_batch=self.padded_batch)
+
+    def decode_run(self, kv: KVManager, num_waiting: int, kv_blocked: bool,
+                   max_steps: int) -> DecodeRun | None:
+        """The rest of the prefilled batch as one decode run, to its longest member's last
+        step: a segment per set of live members, each but the last ending with the step
+        some finish in. None before the prefill, or for fewer than two steps."""
+        if not self._prefilled:
+            return None
+        live = self._live()
+        left = [r.output_tokens - r.num_output_done for r in live]  # finishes in step left - 1
+        steps = min(max(left), max_steps)
+        if steps < 2:
+            return None
+        charged = self._charged(live, tuple(r.num_computed_tokens for r in live))
+        segments = [(0, self._decode_shape(len(live), sum(charged), max(charged)))]
+        for s in sorted({x for x in left if x < steps}):  # after a finishers' step s - 1
+            rest = [c for c, x in zip(charged, left, strict=True) if x > s]
+            m = len(rest)
+            segments.append((s, self._decode_shape(m, sum(rest) + s * m, max(rest) + s)))
+        return DecodeRun(steps, segments[0][1], np.full(steps, kv.num_used_blocks,
+                                                        dtype=np.int64),
+                         num_waiting, False, kv.block_size, kv_blocked, tuple(segments))
+
+    def live_context_sum(self) -> int:
+        """The live members' contexts as a plan's columns count them (no padding)."""
+        return sum(r.num_computed_tokens for r in self._live())
+
+    def advance_plain(self, steps: int, kv: KVManager) -> None:
+        """Apply `steps` decode steps in which no member finishes, as step by step would:
+        each live member a token further, its table as the last plan showed it."""
+        for r in self._live():
+            r.num_computed_tokens += steps
+            r.num_output_done += steps
+            _table(kv, r, r.num_computed_tokens)
 
     def abort(self, request_id: int) -> Request | None:
         """Take a live member out of the decodes (the caller marks it aborted); None if the

@@ -5,21 +5,26 @@ or, if `max_wait_s` is set, when the oldest has waited that long. It runs to
 completion (see RequestBatch): padded to B slots, nothing joins, and the next
 batch launches only when its longest member has finished. KV memory is
 contiguous: each member reserves prompt + maximum output at launch and keeps
-it until the batch ends, as servers before paging did.
+it until the batch ends, as servers before paging did. After its prefill a batch's
+decode steps are one decode run for the world to fast-forward (decode_run,
+advance_decodes): arrivals only wait for the next batch.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 from sim.core.contiguous import ContiguousAllocator
-from sim.core.decode_run import DecodeRun, RunSegment
+from sim.core.decode_run import DecodeRun, FinishStep, RunSegment, decode_shape
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
 from sim.core.schedulers.limits import LengthLimits
 from sim.core.schedulers.request_batch import RequestBatch
+
+SCRIPTED = StepResult()  # a request-level batch's decodes emit one token each
 
 
 class StaticScheduler:
@@ -161,9 +166,43 @@ class StaticScheduler:
         self.batch = None
 
     def decode_run(self, max_steps: int = 1 << 16) -> DecodeRun | None:
-        """None: a request-level batch runs step by step (its members finish along the way)."""
-        return None
+        """The running batch's remaining decode steps (RequestBatch.decode_run): nothing that
+        arrives joins it, so the run goes on across its members' finishes to its end."""
+        if self.batch is None:
+            return None
+        return self.batch.decode_run(self.kv, len(self.waiting), self.kv_blocked, max_steps)
 
     def advance_decodes(self, run: DecodeRun, begin: int, end: int,
                         step_end_s: Sequence[float]) -> list[RunSegment]:
-        raise ValueError("static batching describes no decode runs")
+        """Apply steps [begin, end) of the last decode_run() (those before `begin` applied
+        already): a segment's plain steps in bulk, then the step its members finish in
+        planned and applied as step by step, at its end `step_end_s[s]`; the batch ends
+        (its KV freed) with its last member's step."""
+        assert 0 <= begin < end <= run.steps
+        batch, kv, out = self.batch, self.kv, []
+        for start, length, shape in run.segment_lengths():
+            first, stop = max(start, begin), min(start + length, end)
+            if first >= stop:
+                continue
+            assert batch is not None and batch is self.batch
+            k = stop - first
+            finishes = any(r.output_tokens - r.num_output_done == k for r in batch.members
+                           if r.state is RequestState.RUNNING)
+            plain = k - 1 if finishes else k
+            # the recorders count live tokens from the shape's context sum: the plan's own
+            # contexts, without the prompt padding the priced shape carries
+            part = DecodeRun(plain, replace(decode_shape(shape, first - start),
+                                            decode_context_sum=batch.live_context_sum()),
+                             run.kv_blocks_used[first:first + plain], run.num_waiting, False,
+                             run.block_size, run.kv_blocked)
+            if plain:
+                batch.advance_plain(plain, kv)
+            if not finishes:
+                out.append(RunSegment(first, part, None))
+                continue
+            held = self.kv_slots_held
+            plan = batch.plan(kv)
+            finished = self.on_step_done(plan, SCRIPTED, step_end_s[stop - 1])
+            out.append(RunSegment(first, part, FinishStep(plan, finished, self.kv_blocks_used,
+                                                          held, self.num_running)))
+        return out
