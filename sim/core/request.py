@@ -5,15 +5,22 @@ tokens it has emitted, and its *computed* tokens (those with KV in cache)
 catch up to the known ones under the step's token budget. A step that brings
 computed up to known emits one token. Preemption by recompute simply resets
 computed to zero; the same rule then re-prefills prompt and output so far.
+
+Memory: at overload the waiting queue holds most of a run's requests, so a
+request that has only arrived is a twelve-slot object (128 bytes) of the
+fields the hot paths touch; its counters, rejection reason and prompt contents
+(which most simulated requests do without) live in a `_Details`, made at the
+first write of one (as it leaves a running set), or at once for a request
+with contents.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
 ABORTED_REASON = "aborted"  # the reason an aborted request is recorded under
+DEFAULT_PREFIX_UNIT_TOKENS = 512
 
 
 class RequestState(Enum):
@@ -33,100 +40,174 @@ class LiveCounters(Protocol):
     def set_counter(self, request: Request, name: str, value: int) -> None: ...
 
 
-@dataclass(slots=True, eq=False)
+class _Details:
+    """A request's own progress counters, rejection reason and prompt contents."""
+
+    __slots__ = ("num_computed_tokens", "num_output_done", "spec_drafted", "spec_accepted",
+                 "rejection_reason", "prompt_token_ids", "prefix_block_ids",
+                 "prefix_unit_tokens")
+
+    def __init__(self, prompt_token_ids: tuple[int, ...] | None = None,
+                 prefix_block_ids: tuple[int, ...] | None = None,
+                 prefix_unit_tokens: int = DEFAULT_PREFIX_UNIT_TOKENS) -> None:
+        self.num_computed_tokens = 0
+        self.num_output_done = 0
+        self.spec_drafted = 0
+        self.spec_accepted = 0
+        self.rejection_reason: str | None = None
+        self.prompt_token_ids = prompt_token_ids
+        self.prefix_block_ids = prefix_block_ids
+        self.prefix_unit_tokens = prefix_unit_tokens
+
+
 class Request:
-    """Mutable per-request state; kept compact because the hot loop touches it every step.
+    """Mutable per-request state; kept compact because the hot loop touches it every step
+    and an overloaded queue holds most of a run's requests.
 
     While a request runs under the continuous scheduler its progress counters
     (`num_computed_tokens`, `num_output_done`, `spec_drafted`, `spec_accepted`)
-    live in the scheduler's numpy columns and these properties read them there;
-    `first_scheduled_s`, `first_token_s`, `finish_s`, `state` and
+    live in the scheduler's numpy columns (`_live`) and these properties read them
+    there; `first_scheduled_s`, `first_token_s`, `finish_s`, `state` and
     `num_preemptions` are set at the step they belong to.
     """
 
-    request_id: int
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-    prompt_token_ids: tuple[int, ...] | None = None
-    # content ids of the prompt's consecutive `prefix_unit_tokens`-token pieces (the
-    # last may be partial): equal ids = equal tokens, as in Mooncake's hash_ids
-    prefix_block_ids: tuple[int, ...] | None = None
-    prefix_unit_tokens: int = 512
+    __slots__ = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "state",
+                 "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions",
+                 "prefix_hit_tokens", "_live", "_details")
 
-    state: RequestState = RequestState.WAITING
-    first_scheduled_s: float | None = None
-    first_token_s: float | None = None
-    finish_s: float | None = None
-    num_preemptions: int = 0
-    prefix_hit_tokens: int = 0
-    rejection_reason: str | None = None
-    _num_computed_tokens: int = field(default=0, init=False, repr=False)
-    _num_output_done: int = field(default=0, init=False, repr=False)
-    _spec_drafted: int = field(default=0, init=False, repr=False)
-    _spec_accepted: int = field(default=0, init=False, repr=False)
-    _live: LiveCounters | None = field(default=None, init=False, repr=False)
+    def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int,
+                 output_tokens: int, prompt_token_ids: tuple[int, ...] | None = None,
+                 prefix_block_ids: tuple[int, ...] | None = None,
+                 prefix_unit_tokens: int = DEFAULT_PREFIX_UNIT_TOKENS) -> None:
+        """`prefix_block_ids`: content ids of the prompt's consecutive
+        `prefix_unit_tokens`-token pieces (the last may be partial): equal ids = equal
+        tokens, as in Mooncake's hash_ids."""
+        if prompt_tokens < 1:
+            raise ValueError(f"request {request_id}: prompt_tokens must be >= 1")
+        if output_tokens < 1:
+            raise ValueError(f"request {request_id}: output_tokens must be >= 1")
+        self.request_id = request_id
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.state = RequestState.WAITING
+        self.first_scheduled_s: float | None = None
+        self.first_token_s: float | None = None
+        self.finish_s: float | None = None
+        self.num_preemptions = 0
+        self.prefix_hit_tokens = 0
+        self._live: LiveCounters | None = None
+        plain = (prompt_token_ids is None and prefix_block_ids is None
+                 and prefix_unit_tokens == DEFAULT_PREFIX_UNIT_TOKENS)
+        self._details = None if plain else _Details(prompt_token_ids, prefix_block_ids,
+                                                    prefix_unit_tokens)
 
-    # the progress counters: the request's own unless a running set holds them (_live)
+    def __repr__(self) -> str:
+        return (f"Request(request_id={self.request_id!r}, arrival_s={self.arrival_s!r}, "
+                f"prompt_tokens={self.prompt_tokens!r}, output_tokens={self.output_tokens!r}, "
+                f"state={self.state})")
+
+    def _made_details(self) -> _Details:
+        details = self._details = _Details()
+        return details
+
+    def rescripted(self, arrival_s: float, output_tokens: int) -> Request:
+        """A fresh copy, nothing scheduled yet, arriving at `arrival_s` with `output_tokens`."""
+        return Request(self.request_id, arrival_s, self.prompt_tokens, output_tokens,
+                       self.prompt_token_ids, self.prefix_block_ids, self.prefix_unit_tokens)
+
+    # -- the prompt's contents ---------------------------------------------------------
+    @property
+    def prompt_token_ids(self) -> tuple[int, ...] | None:
+        details = self._details
+        return None if details is None else details.prompt_token_ids
+
+    @property
+    def prefix_block_ids(self) -> tuple[int, ...] | None:
+        details = self._details
+        return None if details is None else details.prefix_block_ids
+
+    @property
+    def prefix_unit_tokens(self) -> int:
+        details = self._details
+        return DEFAULT_PREFIX_UNIT_TOKENS if details is None else details.prefix_unit_tokens
+
+    # -- the progress counters: the request's own unless a running set holds them --------
     @property
     def num_computed_tokens(self) -> int:
         """Tokens with KV in cache."""
         live = self._live
-        return self._num_computed_tokens if live is None else live.counter(
-            self, "num_computed_tokens")
+        if live is not None:
+            return live.counter(self, "num_computed_tokens")
+        details = self._details
+        return 0 if details is None else details.num_computed_tokens
 
     @num_computed_tokens.setter
     def num_computed_tokens(self, value: int) -> None:
-        if self._live is None:
-            self._num_computed_tokens = value
-        else:
+        if self._live is not None:
             self._live.set_counter(self, "num_computed_tokens", value)
+        else:
+            (self._details or self._made_details()).num_computed_tokens = value
 
     @property
     def num_output_done(self) -> int:
         """Output tokens emitted so far."""
         live = self._live
-        return self._num_output_done if live is None else live.counter(self, "num_output_done")
+        if live is not None:
+            return live.counter(self, "num_output_done")
+        details = self._details
+        return 0 if details is None else details.num_output_done
 
     @num_output_done.setter
     def num_output_done(self, value: int) -> None:
-        if self._live is None:
-            self._num_output_done = value
-        else:
+        if self._live is not None:
             self._live.set_counter(self, "num_output_done", value)
+        else:
+            (self._details or self._made_details()).num_output_done = value
 
     @property
     def spec_drafted(self) -> int:
         """Speculative decoding: draft tokens verified."""
         live = self._live
-        return self._spec_drafted if live is None else live.counter(self, "spec_drafted")
+        if live is not None:
+            return live.counter(self, "spec_drafted")
+        details = self._details
+        return 0 if details is None else details.spec_drafted
 
     @spec_drafted.setter
     def spec_drafted(self, value: int) -> None:
-        if self._live is None:
-            self._spec_drafted = value
-        else:
+        if self._live is not None:
             self._live.set_counter(self, "spec_drafted", value)
+        else:
+            (self._details or self._made_details()).spec_drafted = value
 
     @property
     def spec_accepted(self) -> int:
         """Speculative decoding: draft tokens accepted."""
         live = self._live
-        return self._spec_accepted if live is None else live.counter(self, "spec_accepted")
+        if live is not None:
+            return live.counter(self, "spec_accepted")
+        details = self._details
+        return 0 if details is None else details.spec_accepted
 
     @spec_accepted.setter
     def spec_accepted(self, value: int) -> None:
-        if self._live is None:
-            self._spec_accepted = value
-        else:
+        if self._live is not None:
             self._live.set_counter(self, "spec_accepted", value)
+        else:
+            (self._details or self._made_details()).spec_accepted = value
 
-    def __post_init__(self) -> None:
-        if self.prompt_tokens < 1:
-            raise ValueError(f"request {self.request_id}: prompt_tokens must be >= 1")
-        if self.output_tokens < 1:
-            raise ValueError(f"request {self.request_id}: output_tokens must be >= 1")
+    # -- the rarer lifecycle fields ------------------------------------------------------
+    @property
+    def rejection_reason(self) -> str | None:
+        details = self._details
+        return None if details is None else details.rejection_reason
 
+    @rejection_reason.setter
+    def rejection_reason(self, value: str | None) -> None:
+        (self._details or self._made_details()).rejection_reason = value
+
+    # -- derived -------------------------------------------------------------------------
     @property
     def num_known_tokens(self) -> int:
         """Prompt plus tokens emitted so far: what the KV must eventually cover."""
@@ -146,13 +227,14 @@ class Request:
         """Apply one step's work to this request (request-level batching, whose requests keep
         their own counters); True if it emitted its last token."""
         assert self._live is None, "a running set applies its requests' steps"
-        self._num_computed_tokens += num_new_tokens
+        details = self._details or self._made_details()
+        details.num_computed_tokens += num_new_tokens
         if not emits_token:
             return False
-        self._num_output_done += 1
+        details.num_output_done += 1
         if self.first_token_s is None:
             self.first_token_s = now
-        if self._num_output_done < self.output_tokens:
+        if details.num_output_done < self.output_tokens:
             return False
         self.state = RequestState.FINISHED
         self.finish_s = now

@@ -8,7 +8,6 @@ sim.plots.slots draws them.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from itertools import islice
 from pathlib import Path
 
@@ -43,7 +42,7 @@ def record_slots(scenario: Scenario, policy: str, slots: int = 8, num_requests: 
     scale = 0.0
     if mean_output_tokens > 0 and requests:
         scale = mean_output_tokens / float(np.mean([r.output_tokens for r in requests]))
-    requests = [replace(r, arrival_s=0.0 if burst else r.arrival_s, output_tokens=max(
+    requests = [r.rescripted(0.0 if burst else r.arrival_s, max(
         1, round(r.output_tokens * scale)) if scale else r.output_tokens) for r in requests]
     pool = build_block_manager(one, kv_budget(one))
     recorder = SlotRecorder(max_steps)

@@ -33,6 +33,7 @@ kept per step, and state lives only for requests between arrival and first token
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import compress
@@ -83,44 +84,58 @@ class _Pending:
 
 
 class _Waiting:
-    """Arrived requests not yet admitted, as typed columns: 48 B of readings a request plus
-    its map entry, instead of a `_Pending` object. Why: at overload the queue holds most
-    of a run's requests, and each waits here until its first admission. Freed slots are
-    reused, so the columns' length is the peak queue, not the requests seen."""
+    """Arrived requests not yet admitted, as typed columns in arrival order: 56 B of readings
+    a request, instead of a `_Pending` object and a map entry. Why: at overload the queue
+    holds most of a run's requests, and each waits here until its first admission.
 
-    __slots__ = ("_slot", "_free", "_floats", "_ints")
+    Requests arrive with rising ids and are first admitted in arrival order (FCFS), so a
+    record is found by bisection from the head and is usually the head. One taken out of
+    order moves those before it to a map (e.g. an aborted request's, which nobody takes),
+    as does one arriving with a lower id than the last; the columns are cut at the head.
+    """
+
+    __slots__ = ("_head", "_rids", "_floats", "_ints", "_aside")
 
     def __init__(self) -> None:
-        self._slot: dict[int, int] = {}
-        self._free = array("q")
-        self._floats = array("d")  # arrival, idle clock, KV clock at arrival; 3 a slot
-        self._ints = array("q")  # queue ahead, running at arrival, prompt tokens; 3 a slot
+        self._head = 0  # the oldest record still waiting
+        self._rids = array("q")  # ascending
+        self._floats = array("d")  # arrival, idle clock, KV clock at arrival; 3 a record
+        self._ints = array("q")  # queue ahead, running at arrival, prompt tokens; 3 a record
+        self._aside: dict[int, _Pending] = {}
 
     def __len__(self) -> int:
-        return len(self._slot)
+        return len(self._rids) - self._head + len(self._aside)
 
     def add(self, rid: int, arrival_s: float, idle0_s: float, kv0_s: float, ahead: int,
             running: int, prompt: int) -> None:
-        if self._free:
-            slot = self._free.pop()
-            i = 3 * slot
-            self._floats[i], self._floats[i + 1], self._floats[i + 2] = arrival_s, idle0_s, kv0_s
-            self._ints[i], self._ints[i + 1], self._ints[i + 2] = ahead, running, prompt
-        else:
-            slot = len(self._floats) // 3
-            self._floats.extend((arrival_s, idle0_s, kv0_s))
-            self._ints.extend((ahead, running, prompt))
-        self._slot[rid] = slot
+        rids = self._rids
+        if len(rids) > self._head and rid <= rids[-1]:
+            self._aside[rid] = _Pending(arrival_s, idle0_s, kv0_s, ahead, running, prompt)
+            return
+        rids.append(rid)
+        self._floats.extend((arrival_s, idle0_s, kv0_s))
+        self._ints.extend((ahead, running, prompt))
 
     def pop(self, rid: int) -> _Pending | None:
         """Request `rid`'s record as a `_Pending`, forgotten here; None if it is not waiting."""
-        slot = self._slot.pop(rid, None)
-        if slot is None:
+        if self._aside and rid in self._aside:
+            return self._aside.pop(rid)
+        rids, head = self._rids, self._head
+        at = head if head < len(rids) and rids[head] == rid else bisect_left(rids, rid, head)
+        if at == len(rids) or rids[at] != rid:
             return None
-        self._free.append(slot)
-        i = 3 * slot
-        f, n = self._floats, self._ints
-        return _Pending(f[i], f[i + 1], f[i + 2], n[i], n[i + 1], n[i + 2])
+        for i in range(head, at):
+            self._aside[rids[i]] = self._record(i)
+        record = self._record(at)
+        self._head = at + 1
+        if 2 * self._head > len(rids) > 1024:
+            del rids[:self._head], self._floats[:3 * self._head], self._ints[:3 * self._head]
+            self._head = 0
+        return record
+
+    def _record(self, i: int) -> _Pending:
+        f, n, j = self._floats, self._ints, 3 * i
+        return _Pending(f[j], f[j + 1], f[j + 2], n[j], n[j + 1], n[j + 2])
 
 
 class TTFTDiagnoser:

@@ -60,10 +60,18 @@ def _synthetic(
         np.random.default_rng(child) for child in np.random.SeedSequence(seed).spawn(4)
     )
     ids = IdSource(prefix.num_reserved_ids if prefix is not None else 0)
+    # equal lengths share one int object, so a request owns none of its lengths' memory:
+    # two ints (~50 B) are a fifth of a waiting request's, and an overloaded queue holds
+    # most of a run's requests
+    shared: dict[int, int] = {}
+
+    def lengths(spec: LengthSpec, rng: np.random.Generator) -> list[int]:
+        return [shared.setdefault(n, n) for n in sample_lengths(spec, rng, chunk_size).tolist()]
+
     request_id = 0
     for times_s in arrival_chunks_s(process, arrivals_rng, chunk_size):
-        prompts = sample_lengths(prompt_spec, prompt_rng, chunk_size).tolist()
-        outputs = sample_lengths(output_spec, output_rng, chunk_size).tolist()
+        prompts = lengths(prompt_spec, prompt_rng)
+        outputs = lengths(output_spec, output_rng)
         choices = (
             prefix.draw_choices(prefix_rng, chunk_size).tolist()
             if prefix is not None

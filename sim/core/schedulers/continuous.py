@@ -90,6 +90,8 @@ class ContinuousScheduler:
         self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is the next victim
+        # admitted and not finished, by id (a waiting request costs no entry: at overload
+        # the queue holds most of a run's requests)
         self._in_flight: dict[int, Request] = {}
         self.preemption = preemption
         self._swap = preemption == "swap"
@@ -168,14 +170,15 @@ class ContinuousScheduler:
             request.reject(reason, now)
             return False
         self.waiting.append(request)
-        self._in_flight[request.request_id] = request
         return True
 
     def abort(self, request_id: int, now: float) -> Request | None:
         """Drop a waiting or running request between steps and free its KV (see Scheduler)."""
         req = self._in_flight.pop(request_id, None)
-        if req is None:
-            return None
+        if req is None:  # never admitted (waiting), or gone already
+            req = next((r for r in self.waiting if r.request_id == request_id), None)
+            if req is None:
+                return None
         if req.state is RequestState.WAITING:
             self.waiting.remove(req)
         else:
@@ -327,6 +330,7 @@ class ContinuousScheduler:
             req.state = RequestState.RUNNING
             if req.first_scheduled_s is None:
                 req.first_scheduled_s = now
+                self._in_flight[req.request_id] = req
             table = kv.block_table(req.request_id)
             step.add(req, new, table, drafts)
             batch.admitted(req, table, new, drafts)
