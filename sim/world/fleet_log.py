@@ -67,7 +67,9 @@ def after_wake_condition(wake_no: int) -> Callable[[], tuple]:
 
 
 @dataclass(slots=True, eq=False)
-class _Source:
+class LogSource:
+    """One replica's (or the arrivals') steps waiting to be passed on."""
+
     pending: deque[Steps] = field(default_factory=deque)
     at: int = 0  # the next step of pending[0]
     horizon_s: float = float("inf")  # a run's first step end while it runs
@@ -78,11 +80,11 @@ class FleetLog:
     """Buffered steps per replica, passed on to `recorder` in step by step's order."""
 
     recorder: RunRecorder
-    sources: list[_Source] = field(default_factory=list)
+    sources: list[LogSource] = field(default_factory=list)
     seq: int = 0
     wakes: int = 0
     rejections: int = 0
-    _arrivals: _Source = field(default_factory=_Source)  # rejections, in arrival order
+    _arrivals: LogSource = field(default_factory=LogSource)  # rejections, in arrival order
 
     def __post_init__(self) -> None:
         self.sources.append(self._arrivals)
@@ -96,15 +98,15 @@ class FleetLog:
                                             lambda recorder, _i, _j: recorder.record_rejected(
                                                 request)))
 
-    def source(self) -> _Source:
-        self.sources.append(_Source())
+    def source(self) -> LogSource:
+        self.sources.append(LogSource())
         return self.sources[-1]
 
     def next_wake(self) -> int:
         self.wakes += 1
         return self.wakes
 
-    def add(self, source: _Source, steps: Steps) -> None:
+    def add(self, source: LogSource, steps: Steps) -> None:
         source.pending.append(steps)
 
     def flush(self, now_s: float) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +45,7 @@ from sim.results.metrics import RunRecorder
 from sim.results.recording import record_decode_run, record_step
 from sim.world.fleet_log import (
     FleetLog,
+    LogSource,
     Steps,
     after_step,
     after_timer,
@@ -140,7 +141,8 @@ class Replica:
     _run_feed: list | None = field(default=None, init=False)
     _run: _Running | None = field(default=None, init=False)  # during a decode run
     _cached: Callable[[Request], int] = field(default=_no_cache, init=False)
-    _source: object = field(default=None, init=False)  # this replica's queue in fleet_log
+    # this replica's queue in fleet_log (a stand-in nobody reads without one)
+    _source: LogSource = field(default_factory=LogSource, init=False)
     _cause: Callable[[], tuple] = field(default=after_wake(0), init=False)  # the last resume
     _wake_no: int = field(default=0, init=False)
 
@@ -313,7 +315,7 @@ class Replica:
         if self.observer is not None:
             self._run_feed = [ends_s[:steps], duration_s[:steps], run.kv_blocked, 0]
         if behind:
-            self._source.horizon_s = float(ends_s[1])  # type: ignore[attr-defined]
+            self._source.horizon_s = float(ends_s[1])
         self._run.at = _At(env, float(ends_s[steps]))
         return self._run.at
 
@@ -343,14 +345,14 @@ class Replica:
         self._advance(len(state.step_end_s))
         self._run = self._run_arrivals = None
         if self.fleet_log is not None:
-            self._source.horizon_s = math.inf  # type: ignore[attr-defined]
+            self._source.horizon_s = math.inf
             self.fleet_log.flush(self.env.now)
 
-    def _log(self, end_s: list[float], start_s: object, emit: Callable) -> None:
+    def _log(self, end_s: Sequence[float], start_s: Sequence[float], emit: Callable) -> None:
         """Hand steps to the fleet's log, resumed before the first as self._cause says."""
         assert self.fleet_log is not None
-        steps = Steps(end_s, start_s, self._cause, emit)  # type: ignore[arg-type]
-        self.fleet_log.add(self._source, steps)  # type: ignore[arg-type]
+        steps = Steps(end_s, start_s, self._cause, emit)
+        self.fleet_log.add(self._source, steps)
         self._cause = after_step(steps)
 
     def _price(self, run: DecodeRun, within_s: float) -> np.ndarray:
@@ -385,7 +387,7 @@ class Replica:
             return
         state.applied = upto
         if self.fleet_log is not None:  # the first step not handed to the log yet
-            self._source.horizon_s = (state.step_end_s[upto] if upto < len(state.step_end_s)  # type: ignore[attr-defined]
+            self._source.horizon_s = (state.step_end_s[upto] if upto < len(state.step_end_s)
                                       else math.inf)
         while state.finish_steps and state.finish_steps[0] < upto:
             del state.finish_steps[0]
