@@ -46,9 +46,9 @@ def test_table_grows_inside_the_reservation_only() -> None:
     assert kv.block_table(7) == (1, 2)
     assert kv.append_slots(7, 9) == (1, 2, 3)
     assert kv.append_slots(7, 13) is None  # past the reservation: a run never grows
-    assert kv.append_block_each([7]) is None
+    assert kv.append_blocks([7], 1) is None
     kv.allocate(8, 1, reserve_tokens=8)
-    assert kv.append_block_each([8]) == [(4, 5)]
+    assert kv.append_blocks([8], 1) == [(4, 5)]
     assert kv.num_used_blocks == 5 and kv.num_free_blocks == 3
     kv.check_invariants()
 

@@ -145,15 +145,20 @@ class ContiguousAllocator:
         table = self._tables[request_id] = tuple(range(start, start + blocks))
         return table
 
-    def append_block_each(self, request_ids: list[int]) -> list[tuple[int, ...]] | None:
-        """Show one more reserved block in each table; None (no change) if one has none left."""
+    def append_blocks(self, request_ids: list[int], num_blocks: int
+                      ) -> list[tuple[int, ...]] | None:
+        """Show more reserved blocks in each table, dealt as the paged pool deals them (request
+        i of n gets num_blocks // n, one more if i < num_blocks % n); None (no change) if
+        one's reservation has too few left."""
         runs, tables = self._runs, self._tables
-        if any(len(tables[rid]) >= runs[rid][1] for rid in request_ids):
+        rounds, rest = divmod(num_blocks, len(request_ids)) if request_ids else (0, 0)
+        shown = [len(tables[rid]) + rounds + (i < rest) for i, rid in enumerate(request_ids)]
+        if any(blocks > runs[rid][1] for rid, blocks in zip(request_ids, shown, strict=True)):
             return None
         grown = []
-        for rid in request_ids:
+        for rid, blocks in zip(request_ids, shown, strict=True):
             start = runs[rid][0]
-            table = tables[rid] = tuple(range(start, start + len(tables[rid]) + 1))
+            table = tables[rid] = tuple(range(start, start + blocks))
             grown.append(table)
         return grown
 

@@ -5,6 +5,8 @@ See sim/core/kv.py's docstring for the design; this file is the mechanics.
 
 from __future__ import annotations
 
+from operator import add
+
 from sim.core.free_queue import FreeQueue
 from sim.core.prefix_index import PrefixIndex
 from sim.core.request import Request
@@ -173,20 +175,26 @@ class PagedBlockManager:
         table = self._tables[request_id] = table + self._take(missing)
         return table
 
-    def append_block_each(self, request_ids: list[int]) -> list[tuple[int, ...]] | None:
-        """Add one block to each request's table, in order; returns the new tables.
+    def append_blocks(self, request_ids: list[int], num_blocks: int
+                      ) -> list[tuple[int, ...]] | None:
+        """Deal `num_blocks` new blocks to the requests' tables in turn; returns the new tables.
 
-        Same blocks as calling append_slots one request at a time, in one call for the
-        decodes that crossed a block boundary this step. None if the pool runs short,
-        and then nothing changes (the caller goes one by one and preempts).
+        Of n = len(request_ids) distinct requests (0 < n <= num_blocks, or both 0), request
+        i gets blocks i, i + n, i + 2n, ... of those taken: what append_slots gives when
+        asked for one block for each request in order, round after round, as the decodes
+        of n sequences over a row of steps ask (one step's: num_blocks = n). One call and
+        one slice per table whatever the rounds. None if the pool runs short, and then
+        nothing changes (the caller goes one by one and preempts).
         """
-        if len(request_ids) > self.num_free_blocks:
+        if num_blocks > self.num_free_blocks:
             return None
+        n = len(request_ids)
+        assert 0 < n <= num_blocks or n == num_blocks == 0, "blocks dealt to no request"
+        taken = self._take(num_blocks)
         tables = self._tables
-        grown = []
-        for request_id, block in zip(request_ids, self._take(len(request_ids)), strict=True):
-            table = tables[request_id] = tables[request_id] + (block,)
-            grown.append(table)
+        dealt = zip(taken) if num_blocks == n else [taken[i::n] for i in range(n)]
+        grown = list(map(add, map(tables.__getitem__, request_ids), dealt))
+        tables.update(zip(request_ids, grown, strict=True))
         return grown
 
     def free(self, request_id: int) -> None:

@@ -14,6 +14,7 @@ the step it finishes in.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 
 import numpy as np
 
@@ -110,67 +111,94 @@ def apply_run(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
         k = stop - first
         if first > start:
             shape = decode_shape(shape, first - start)
-        used = _take_blocks(batch, k, kv, paged, naming)
         n = len(batch.reqs)
         state = batch.state
+        contexts = state[COMPUTED, :n].tolist()
+        used = _take_blocks(batch, contexts, k, kv, paged, naming)
         state[COMPUTED:DONE + 1, :n] += k
         # only a segment's last step has finishers (an arrival may cut it before)
-        done = (state[DONE, :n] == state[TARGET, :n]).nonzero()[0] \
-            if stop == start + length else ()
-        if not len(done):
+        done = (state[DONE, :n] == state[TARGET, :n]).nonzero()[0].tolist() \
+            if stop == start + length else None
+        if not done:
             out.append(RunSegment(first, _part(run, k, shape, used), None))
             continue
-        plan = StepPlan(tuple(batch.rids), (1,) * n, tuple((state[COMPUTED, :n] - 1).tolist()),
+        plan = StepPlan(tuple(batch.rids), (1,) * n, tuple(map((k - 1).__add__, contexts)),
                         tuple(batch.tables), (False,) * n, (True,) * n,
                         decode_shape(shape, k - 1))
         held = int(used[-1]) * batch.block_size
-        finished = batch.retire(done.tolist(), step_end_s[stop - 1], kv, in_flight)
+        finished = batch.retire(done, step_end_s[stop - 1], kv, in_flight)
         out.append(RunSegment(first, _part(run, k - 1, shape, used[:k - 1]),
                               FinishStep(plan, finished, kv.num_used_blocks, held,
                                          len(batch.reqs))))
     return out
 
-def _take_blocks(batch: RunningBatch, steps: int, kv: KVManager, paged: bool,
-             naming: PagedBlockManager | None) -> np.ndarray:
-    """Give the rows their blocks for the next `steps` plain decodes (nobody leaves in
-    between); returns the blocks in use while each step runs."""
-    n, bs, tables, rids = len(batch.reqs), batch.block_size, batch.tables, batch.rids
-    computed = batch.state[COMPUTED, :n]
-    phase = (-computed) % bs
-    per_phase = np.bincount(phase, minlength=bs).tolist()
+
+def _take_blocks(batch: RunningBatch, contexts: list[int], steps: int, kv: KVManager,
+                 paged: bool, naming: PagedBlockManager | None) -> np.ndarray:
+    """Give the rows (computed tokens `contexts`) their blocks for the next `steps` plain
+    decodes (nobody leaves in between); returns the blocks in use while each step runs.
+
+    Step s grows the rows of phase s % bs, in row order: without names to give between
+    two steps every row's blocks come in one call, dealt round-robin over the rows in
+    phase order (every row once per whole cycle of bs steps, then those of phases < rest).
+    """
+    bs = batch.block_size
     used0 = kv.num_used_blocks
     cycles, rest = divmod(steps, bs)
-    if naming is None:  # nothing between two steps' blocks: take them all in one call
-        # step s grows the rows of phase s % bs, in row order: every row once per whole
-        # cycle of bs steps, then those of phases < rest
-        by_phase = np.argsort(phase, kind="stable").tolist()
-        rows = by_phase * cycles + by_phase[:sum(per_phase[:rest])]
-        if rows:
-            grown = kv.append_block_each([rids[i] for i in rows])
-            assert grown is not None, "a decode run took more blocks than were free"
-            for i, table in zip(rows, grown, strict=True):
-                tables[i] = table  # a row's last entry is its final table
-    else:
+    if len(contexts) > 32:  # numpy's fixed cost is less than the loops'
+        phase = (-batch.state[COMPUTED, :len(contexts)]) % bs
+        if not cycles and int(np.minimum.reduce(phase)) >= rest + (naming is not None):
+            return np.full(steps, used0, dtype=np.int64)
+        per_phase = np.bincount(phase, minlength=bs).tolist()
         order = np.argsort(phase, kind="stable").tolist()
-        rows, at = [], 0
-        for count in per_phase:
-            members = order[at:at + count]
-            rows.append((members, [rids[i] for i in members]))
-            at += count
-        contexts = computed.tolist()
-        for s in range(steps):
-            members, member_rids = rows[s % bs]
-            if members:
-                grown = kv.append_block_each(member_rids)
-                assert grown is not None, "a decode run took more blocks than were free"
-                for i, table in zip(members, grown, strict=True):
-                    tables[i] = table
-            members, member_rids = rows[(s + 1) % bs]
-            for i, rid in zip(members, member_rids, strict=True):
-                naming.cache_computed(rid, contexts[i] + s + 1)
+    else:
+        phases = [-c % bs for c in contexts]
+        # nobody crosses a block boundary (nor, with names, fills a block)
+        if not cycles and min(phases, default=bs) >= rest + (naming is not None):
+            return np.full(steps, used0, dtype=np.int64)
+        per_phase = [0] * bs
+        for p in phases:
+            per_phase[p] += 1
+        order = sorted(range(len(phases)), key=phases.__getitem__)
+    if naming is None:
+        taking = sum(per_phase[:rest])  # rows taking one more block than the rest
+        rows = order if cycles else order[:taking]
+        rids, tables = batch.rids, batch.tables
+        grown = kv.append_blocks([rids[i] for i in rows], len(contexts) * cycles + taking)
+        assert grown is not None, "a decode run took more blocks than were free"
+        for i, table in zip(rows, grown, strict=True):
+            tables[i] = table
+    else:
+        _take_naming(batch, contexts, steps, kv, naming, per_phase, order)
     if not paged:
         return np.full(steps, used0, dtype=np.int64)
-    return np.array(per_phase * cycles + per_phase[:rest], dtype=np.int64).cumsum() + used0
+    if steps > 64:  # a long run: the cycle repeated in C
+        return np.resize(np.array(per_phase), steps).cumsum() + used0
+    taken = per_phase * cycles + per_phase[:rest]
+    taken[0] += used0
+    return np.fromiter(accumulate(taken), np.int64, steps)
+
+
+def _take_naming(batch: RunningBatch, contexts: list[int], steps: int, kv: KVManager,
+                 naming: PagedBlockManager, per_phase: list[int], order: list[int]) -> None:
+    """Step by step with a prefix cache: each step's new blocks, then the blocks its
+    tokens fill named (a name given may change which block a later take evicts)."""
+    rids, tables, bs = batch.rids, batch.tables, batch.block_size
+    rows, at = [], 0
+    for count in per_phase:
+        members = order[at:at + count]
+        rows.append((members, [rids[i] for i in members]))
+        at += count
+    for s in range(steps):
+        members, member_rids = rows[s % bs]
+        if members:
+            grown = kv.append_blocks(member_rids, len(member_rids))
+            assert grown is not None, "a decode run took more blocks than were free"
+            for i, table in zip(members, grown, strict=True):
+                tables[i] = table
+        members, member_rids = rows[(s + 1) % bs]
+        for i, rid in zip(members, member_rids, strict=True):
+            naming.cache_computed(rid, contexts[i] + s + 1)
 
 
 def _part(run: DecodeRun, steps: int, shape: StepShape, used: np.ndarray) -> DecodeRun:

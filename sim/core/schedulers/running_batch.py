@@ -205,7 +205,7 @@ class RunningBatch:
         rows = (computed % self.block_size == 0).nonzero()[0].tolist()
         if rows:
             rids, tables = self.rids, self.tables
-            grown = kv.append_block_each([rids[i] for i in rows])
+            grown = kv.append_blocks([rids[i] for i in rows], len(rows))
             if grown is not None:
                 for i, table in zip(rows, grown, strict=True):
                     tables[i] = table
