@@ -105,9 +105,11 @@ def apply_run(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
     segment's last step retired (their blocks freed) at its end, `step_end_s[s]`."""
     out: list[RunSegment] = []
     for start, length, shape in run.segment_lengths():
+        if start >= end:
+            break  # this segment and those after it run later
+        if start + length <= begin:
+            continue  # applied already
         first, stop = max(start, begin), min(start + length, end)
-        if first >= stop:
-            continue
         k = stop - first
         if first > start:
             shape = decode_shape(shape, first - start)
