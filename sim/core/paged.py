@@ -186,7 +186,7 @@ class PagedBlockManager:
         one slice per table whatever the rounds. None if the pool runs short, and then
         nothing changes (the caller goes one by one and preempts).
         """
-        if num_blocks > self.num_free_blocks:
+        if num_blocks > len(self._queue):  # num_free_blocks, one call less: every step
             return None
         n = len(request_ids)
         assert 0 < n <= num_blocks or n == num_blocks == 0, "blocks dealt to no request"
