@@ -26,3 +26,9 @@ def test_cdf_is_symmetric_and_bad_input_is_refused() -> None:
     assert t_cdf(-2.0, 5) == pytest.approx(1 - t_cdf(2.0, 5))
     with pytest.raises(ValueError, match="0 < p < 1"):
         t_ppf(1.0, 5)
+
+
+def test_a_remembered_quantile_is_the_one_computed_afresh() -> None:
+    for df in (3, 19, 19, 199):
+        assert t_ppf(0.975, df) == t_ppf.__wrapped__(0.975, df)
+    assert t_ppf(0.025, 19) == -t_ppf.__wrapped__(0.975, 19)
