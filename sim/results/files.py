@@ -28,14 +28,19 @@ if TYPE_CHECKING:
 
 def write_columns(path: Path, columns: Mapping[str, np.ndarray]) -> Path:
     """Numeric columns as CSV, byte for byte what pandas' to_csv(index=False) writes."""
-    lists = [np.asarray(col).tolist() for col in columns.values()]
     with open(path, "w", newline="") as f:
-        out = csv.writer(f, lineterminator="\n")
+        out = csv.writer(f, lineterminator="\n")  # a float as its repr, as pandas writes it
         out.writerow(list(columns))
-        for row in zip(*lists, strict=True):
-            out.writerow(["" if x != x else repr(x) if isinstance(x, float) else x
-                          for x in row])
+        out.writerows(zip(*(_cells(np.asarray(col)) for col in columns.values()), strict=True))
     return path
+
+
+def _cells(col: np.ndarray) -> list[Any]:
+    """A column's values for the csv writer: NaN as None, which it writes empty."""
+    cells = col.tolist()
+    if col.dtype.kind in "biuUS" or col.dtype.kind == "f" and not np.isnan(col).any():
+        return cells  # nothing to blank
+    return [None if x != x else x for x in cells]
 
 
 def write_run_files(out_dir: Path, summary: dict[str, Any], requests: pd.DataFrame | None,
