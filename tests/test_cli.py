@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from sim import __version__
-from sim.cli import main
+from sim.cli import COMMANDS, build_parser, main
 from sim.experiments.compare_spec import load_spec
 from sim.experiments.run import run_scenario
 
@@ -176,6 +177,30 @@ def test_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> 
         main(["run", "--bogus"])
     assert info.value.code == 2
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def test_a_command_line_builds_its_command_alone_with_the_same_help() -> None:
+    """main() builds only the parser of the command it is given (sim.cli.COMMANDS); each
+    command's help is then what the full parser gives, and the table names every command."""
+    full = subcommands(build_parser())
+    assert set(full) == set(COMMANDS)
+    for name, parser in full.items():
+        alone = subcommands(build_parser(name))
+        assert name in alone and len(alone) <= 2  # explain's module adds explain and plot
+        assert alone[name].format_help() == parser.format_help()
+    assert set(subcommands(build_parser("no-such-command"))) == set(COMMANDS)
+
+
+def test_an_unknown_command_is_named_among_all(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["rnu"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'rnu'" in err and "'run'" in err and "'calibrate'" in err
 
 
 def test_capacity(capsys: pytest.CaptureFixture[str]) -> None:

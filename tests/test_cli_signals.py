@@ -137,6 +137,9 @@ def test_an_error_raised_while_handling_ctrl_c_is_still_an_interrupt(
     commands = [interrupted_in_clean_up]
 
     class Parser:
+        def __init__(self, command: str | None = None) -> None:
+            pass
+
         def parse_args(self, argv: object) -> argparse.Namespace:
             return argparse.Namespace(func=commands[-1])
 
