@@ -34,18 +34,23 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """servesim's parser: every command, or only `command` (one of COMMANDS) and so only its
-    module (`servesim run` loads neither the tokenizers nor the others' parsers: ~8 ms of a
-    quickstart run). Its help and errors are the same either way."""
+    """servesim's parser: every command, or only `command` (one of COMMANDS) in full and so
+    only its module (`servesim run` loads neither the tokenizers nor the others' parsers:
+    ~8 ms of a quickstart run). Its help and its errors are the same either way."""
     import importlib
 
     parser = argparse.ArgumentParser(
         prog="servesim", description="Simulate LLM serving and answer capacity questions.")
     parser.add_argument("--version", action="version", version=f"servesim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    adders = [COMMANDS[command]] if command in COMMANDS else dict.fromkeys(COMMANDS.values())
-    for module, adder in adders:
-        getattr(importlib.import_module(f"sim.cli.{module}"), adder)(sub)
+    chosen = COMMANDS.get(command or "")
+    for name, (module, adder) in COMMANDS.items():
+        if name in sub.choices:
+            continue  # added by its module with another command
+        if chosen in (None, (module, adder)):
+            getattr(importlib.import_module(f"sim.cli.{module}"), adder)(sub)
+        else:  # a bare name: the usage line of a usage error still lists every command
+            sub.add_parser(name)
     return parser
 
 
