@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 from sim.assemble import build_latency, build_replica, kv_budget
 from sim.config.scenario import Scenario
 from sim.experiments.progress import DelayedBar
-from sim.latency.draft import with_draft
 from sim.observe.diagnose import COLUMNS as DIAGNOSIS_COLUMNS
 from sim.observe.diagnose import ReplicaObserver, TTFTDiagnoser
 from sim.observe.trace import choose_requests
@@ -30,10 +29,11 @@ from sim.workload import make_requests
 from sim.world.fleet import simulate_fleet
 from sim.world.replica import ReplicaSetup
 from sim.world.router import build_router, router_rng
-from sim.world.speculation import build_speculation
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from sim.world.speculation import AcceptanceSampler
 
 
 def run_scenario(scenario: Scenario, base_dir: Path | None = None,
@@ -52,7 +52,14 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
     budget = kv_budget(scenario)
     slo = scenario_slo(scenario)
     parts = [build_replica(scenario, budget) for _ in range(scenario.replicas)]
-    latencies = [with_draft(scenario, build_latency(scenario, base_dir)) for _ in parts]
+    latencies = [build_latency(scenario, base_dir) for _ in parts]
+    verifiers: list[AcceptanceSampler | None] = [None] * len(parts)
+    if scenario.speculative.num_tokens:  # the draft's pricing and the verifier load only here
+        from sim.latency.draft import with_draft
+        from sim.world.speculation import build_speculation
+
+        latencies = [with_draft(scenario, latency) for latency in latencies]
+        verifiers = [build_speculation(scenario) for _ in parts]
     traced = choose_requests(array("q", (r.request_id for r in make_requests(
         scenario.workload, scenario.seed, base_dir))), timeline) if timeline else frozenset()
     streaming = requests_csv is not None
@@ -64,9 +71,9 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
     recorder = RunRecorder(rows=rows, slo=slo)
     setups = [ReplicaSetup(p.scheduler, lat, recorder if scenario.replicas == 1 else
                            RunRecorder(rows=None if streaming else KEEP, slo=slo),
-                           p.kv, build_speculation(scenario), fast_forward=fast_forward,
-                           observer=observer)
-              for p, lat, observer in zip(parts, latencies, observers, strict=True)]
+                           p.kv, verifier, fast_forward=fast_forward, observer=observer)
+              for p, lat, observer, verifier in zip(parts, latencies, observers, verifiers,
+                                                    strict=True)]
     latency = setups[0].latency
     router = build_router(scenario.router.policy, scenario.router.load_limit)
     requests = make_requests(scenario.workload, scenario.seed, base_dir)
