@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.results.batches import Latency, RequestBatches
+from sim.results.batches import Batch, Latency, Moments, RequestBatches
 from sim.results.intervals import Interval, pooled, spread_interval
 from sim.results.itl_slices import ITLSlices
 from sim.results.steady_state import Window, mann_kendall, weighted_mser_cut
@@ -157,9 +157,19 @@ def upward_trend(batches: RequestBatches, where: BatchWindow,
     the mean wait of each of `k` contiguous groups of its batches."""
     rows = batches.batches()[where.lo: where.hi]
     k = min(_num_batches(where.window.kept, num_batches), len(rows))
-    means = [batches.latency("queue", [rows[i] for i in ix]).moments
+    means = [_moments([rows[i] for i in ix], "queue")
              for ix in np.array_split(np.arange(len(rows)), k)]
     return mann_kendall(np.array([m.mean for m in means if m.count])).p_value
+
+
+def _moments(rows: Sequence[Batch], metric: str) -> Moments:
+    """`metric`'s moments over `rows`, merged in the order `RequestBatches.latency` merges
+    them (the same floats), without merging the sketches too."""
+    out = Moments()
+    for row in rows:
+        if metric in row.latency:
+            out.update(row.latency[metric].moments)
+    return out
 
 
 def steady_summary(batches: RequestBatches, itl: ITLSlices | None,
