@@ -34,6 +34,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from sim.results.inorder import floor_log
+
 DEFAULT_RELATIVE_ERROR = 0.005
 
 
@@ -91,6 +93,32 @@ class QuantileSketch:
     def add_all(self, values: Iterable[float]) -> None:
         for value in values:
             self.add(value)
+
+    def add_many(self, values: np.ndarray) -> None:
+        """add(v) for each v, in bulk: the same buckets (binned by `floor_log`, whose index
+        is math.log's: ceil(x) = -floor(-x)), counts, min and max."""
+        if not len(values):
+            return
+        positive = values > 0.0
+        if not (positive | (values == 0.0)).all():
+            bad = values[~(positive | (values == 0.0))][0]
+            raise ValueError(f"a sketch takes values >= 0, got {bad}")
+        if positive.any():
+            keys = -floor_log(values[positive], -self._inv_log_gamma)
+            lo, hi = int(keys.min()), int(keys.max())
+            self._cover(lo, hi)
+            start = lo - self._offset
+            mine = np.frombuffer(self._counts, dtype=np.int64)  # a view: adds in place
+            mine[start:start + hi - lo + 1] += np.bincount(keys - lo)
+            del mine
+        self.zeros += len(values) - int(np.count_nonzero(positive))
+        self.count += len(values)
+        listed = values.tolist()  # min and max keep the first extreme, as add() does
+        low, high = min(listed), max(listed)
+        if low < self.min:
+            self.min = low
+        if high > self.max:
+            self.max = high
 
     def update(self, other: QuantileSketch) -> None:
         """Add `other`'s samples to this sketch (same relative error)."""
