@@ -30,7 +30,7 @@ import numpy as np
 
 from sim.results.inorder import add_in_order
 from sim.results.requests import RequestRows
-from sim.results.sketch import QuantileSketch
+from sim.results.sketch import QuantileSketch, bucket_keys
 from sim.results.slo import SLO
 from sim.results.stats import PERCENTILES, STAT_NAMES
 
@@ -85,12 +85,13 @@ class Latency:
         m.mean += delta / m.count
         m.m2 += delta * (x - m.mean)
 
-    def add_many(self, values: np.ndarray) -> None:
-        """add(x) for each x in order: the sketch in bulk, the moments' recurrence a loop."""
-        self.sketch.add_many(np.where(values > 0.0, values, 0.0))
+    def add_keyed(self, values: list[float], clamped: list[float], keys: list[int]) -> None:
+        """add(x) for each x of `values` in order, given them clamped at 0 and the sketch
+        buckets of the positive ones (QuantileSketch.add_keyed); the moments stay a loop."""
+        self.sketch.add_keyed(clamped, keys)
         m = self.moments
         count, mean, m2 = m.count, m.mean, m.m2
-        for x in values.tolist():
+        for x in values:
             count += 1
             delta = x - mean
             mean += delta / count
@@ -334,14 +335,19 @@ class RequestBatches:
                 continue
             order = np.argsort(at, kind="stable")  # each batch's samples in their order
             at, values = at[order], values[order]
+            clamped = np.where(values > 0.0, values, 0.0)  # as Latency.add gives the sketch
+            positive = clamped > 0.0
+            keys = bucket_keys(clamped[positive]).tolist()  # every batch's in one call
+            before = np.concatenate(([0], np.cumsum(positive))).tolist()  # keys before row
             starts = np.flatnonzero(np.diff(at, prepend=-1))
             ends = [*starts[1:].tolist(), len(at)]
+            listed, clamped_list = values.tolist(), clamped.tolist()
             for i, lo, hi in zip(at[starts].tolist(), starts.tolist(), ends, strict=True):
                 latency = batches[i].latency  # type: ignore[union-attr]
                 part = latency.get(name)
                 if part is None:
                     part = latency[name] = Latency()
-                part.add_many(values[lo:hi])
+                part.add_keyed(listed[lo:hi], clamped_list[lo:hi], keys[before[lo]:before[hi]])
         slo = self.slo
         if slo is None:
             return

@@ -18,6 +18,8 @@ expanded then.
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
 # int columns: the first `_CONSTANTS` are constant along a decode run (one broadcast write)
@@ -25,21 +27,25 @@ _INTS = ("batch_size", "num_running", "tokens", "tokens_emitted", "decodes", "pa
          "block_size", "held_extra", "live_at_0", "live_per_row", "num_waiting",
          "kv_blocks_used")
 _CONSTANTS = 10
+# a decode run's ints: its first row and steps, decodes, padded batch, block size, live
+# tokens at row 0 of the block (by the rule live = a + b x row)
+_RUN_INTS = ("first", "steps", "decodes", "padded_batch", "block_size", "live_at_0")
 COLUMNS = (*_INTS[:6], "num_waiting", "kv_blocks_used", "kv_held", "kv_live")
 
 
 class StepBuffer:
     """Up to `capacity` recorded steps, `size` of them filled; take() empties it."""
 
-    __slots__ = ("capacity", "size", "_rows", "_row_at", "_runs")
+    __slots__ = ("capacity", "size", "_rows", "_row_at", "_run_arrays", "_run_ints")
 
     def __init__(self, capacity: int = 8192) -> None:
         self.capacity, self.size = capacity, 0
         self._rows: list[tuple[float | int, ...]] = []  # single steps
         self._row_at: list[int] = []
-        # decode runs: (first row, start_s, duration_s, num_waiting, kv_blocks_used, the
-        # constant int columns)
-        self._runs: list[tuple] = []
+        # decode runs: start_s, duration_s, num_waiting and kv_blocks_used of each, and
+        # _RUN_INTS of each
+        self._run_arrays: list[np.ndarray] = []
+        self._run_ints = array("q")
 
     @property
     def full(self) -> bool:
@@ -65,10 +71,11 @@ class StepBuffer:
         tokens and tokens emitted are all `decodes`, KV held = blocks x block size, and
         live tokens `live_first + decodes * s` at step s from 0. The arrays are read at
         take(), not copied: the caller leaves them as they are."""
-        k, n = self.size, decodes
-        self._runs.append((k, start_s, duration_s, num_waiting, kv_blocks_used,
-                           (n, n, n, n, n, padded_batch, block_size, 0, live_first - n * k, n)))
-        self.size = k + len(duration_s)
+        k, steps = self.size, len(duration_s)
+        self._run_arrays.extend((start_s, duration_s, num_waiting, kv_blocks_used))
+        self._run_ints.extend((k, steps, decodes, padded_batch, block_size,
+                               live_first - decodes * k))
+        self.size = k + steps
 
     def take(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """The filled rows as (start_s, duration_s, int columns by COLUMNS' names), and
@@ -76,20 +83,24 @@ class StepBuffer:
         k = self.size
         floats = np.empty((2, k))  # a column a row: each one contiguous
         ints = np.empty((len(_INTS), k), dtype=np.int64)
-        if self._runs:
-            first, start_s, duration_s, waiting, used, constants = zip(*self._runs,
-                                                                       strict=True)
-            lengths = np.fromiter(map(len, duration_s), dtype=np.int64, count=len(first))
+        if self._run_arrays:
+            arrays = self._run_arrays
+            first, lengths, n, padded, block_size, live_at_0 = np.frombuffer(
+                self._run_ints, dtype=np.int64).reshape(-1, len(_RUN_INTS)).T
             # the runs' rows: all of them unless single steps lie between
             at: slice | np.ndarray = slice(None) if not self._rows else np.repeat(
-                np.array(first) - (np.cumsum(lengths) - lengths), lengths) + np.arange(
+                first - (np.cumsum(lengths) - lengths), lengths) + np.arange(
                     int(lengths.sum()))
-            floats[0, at] = np.concatenate(start_s)
-            floats[1, at] = np.concatenate(duration_s)
-            ints[:_CONSTANTS, at] = np.repeat(np.array(constants).T, lengths, axis=1)
-            ints[_CONSTANTS, at] = np.concatenate(waiting)
-            ints[_CONSTANTS + 1, at] = np.concatenate(used)
-            self._runs = []
+            floats[0, at] = np.concatenate(arrays[0::4])
+            floats[1, at] = np.concatenate(arrays[1::4])
+            per_run = np.repeat(np.stack((n, padded, block_size, live_at_0)), lengths, axis=1)
+            ints[:5, at] = per_run[0]  # batch size, running, tokens, emitted, decodes
+            ints[5, at], ints[6, at] = per_run[1], per_run[2]
+            ints[7, at] = 0  # held_extra
+            ints[8, at], ints[9, at] = per_run[3], per_run[0]
+            ints[_CONSTANTS, at] = np.concatenate(arrays[2::4])
+            ints[_CONSTANTS + 1, at] = np.concatenate(arrays[3::4])
+            self._run_arrays, self._run_ints = [], array("q")
         if self._rows:
             rows = np.array(self._rows).T  # ints below 2**53 go through float64 exactly
             at = np.array(self._row_at)
