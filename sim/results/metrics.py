@@ -11,7 +11,9 @@ definition, as vLLM does, estimated by mergeable sketches within a relative
 Requests: each is folded into its arrival time batch (sim.results.batches),
 which gives the summary and the steady-state window, and its row goes to the
 recorder's `rows`: kept in memory (`RequestLog`, the default), streamed to
-requests.csv (`RequestCSV`) or dropped (None). Streamed or dropped, memory
+requests.csv (`RequestCSV`) or dropped (None). A request leaves one tuple of its
+fields (`RequestBlock`); blocks of 1,024 are folded in bulk, with the floats and
+bytes of folding them one by one, and every read folds first. Streamed or dropped, memory
 grows with requests in flight, not requests done; the SLO must then be given
 up front, since goodput needs each request's latencies together. Steps are
 not stored either: they wait in a fixed block of rows (sim.results.step_buffer)
@@ -212,7 +214,7 @@ class RunRecorder:
         steps = len(duration_s)
         used = run.kv_blocks_used[:steps]
         buffer = self._steps
-        if steps <= buffer.room():
+        if buffer.size + steps < buffer.capacity:  # most runs: no fold
             buffer.append_run(start_s, duration_s, num_waiting, used, n, padded,
                               run.block_size, shape.decode_context_sum + n)
         else:  # in pieces that fit the block
@@ -225,8 +227,6 @@ class RunRecorder:
                 done = part.stop
                 if buffer.full:
                     self._fold()
-        if buffer.full:
-            self._fold()
         self._num_steps += steps
         self._slot_steps += padded * steps
         self._useful_slot_steps += n * steps

@@ -2,12 +2,13 @@
 
 Two homes for the rows. `RequestLog` keeps them as `array.array` columns (96
 bytes a request) for callers that read them back as a frame (the engine, the
-server, tests). `RequestCSV` writes each row to requests.csv as the request is
-recorded and keeps nothing, so a run's memory follows the requests in flight,
-not those done; its bytes are what `RequestLog.frame().to_csv(index=False)`
-writes (floats as repr, NaN and None empty), except that integer columns joined
-from elsewhere (the TTFT diagnosis) stay integers where pandas would print them
-as floats once a row lacks them. Either way the caller may drop each Request
+server, tests). `RequestCSV` writes the rows to requests.csv as the recorder
+folds each block of recorded requests (`RequestBlock`) and keeps nothing, so a
+run's memory follows the requests in flight, not those done; its bytes are
+what `RequestLog.frame().to_csv(index=False)` writes (floats as repr, NaN and
+None empty), except that integer columns joined from elsewhere (the TTFT
+diagnosis) stay integers where pandas would print them as floats once a row
+lacks them. Either way the caller may drop each Request
 once recorded. TTFT, TPOT, E2EL and queue time use vLLM's formulas: TTFT =
 first token - arrival, TPOT = (E2EL - TTFT) / (output - 1) over requests with
 more than one output token, E2EL = finish - arrival.
