@@ -83,6 +83,11 @@ class _Pending:
     saved_s: float = 0.0
 
 
+# what a request's arrival left: arrival, idle clock, KV clock (s); queue ahead, running
+# at arrival, prompt tokens (the first six fields of a _Pending)
+_Arrived = tuple[float, float, float, int, int, int]
+
+
 class _Waiting:
     """Arrived requests not yet admitted, as typed columns in arrival order: 56 B of readings
     a request, instead of a `_Pending` object and a map entry. Why: at overload the queue
@@ -101,7 +106,7 @@ class _Waiting:
         self._rids = array("q")  # ascending
         self._floats = array("d")  # arrival, idle clock, KV clock at arrival; 3 a record
         self._ints = array("q")  # queue ahead, running at arrival, prompt tokens; 3 a record
-        self._aside: dict[int, _Pending] = {}
+        self._aside: dict[int, _Arrived] = {}
 
     def __len__(self) -> int:
         return len(self._rids) - self._head + len(self._aside)
@@ -110,14 +115,14 @@ class _Waiting:
             running: int, prompt: int) -> None:
         rids = self._rids
         if len(rids) > self._head and rid <= rids[-1]:
-            self._aside[rid] = _Pending(arrival_s, idle0_s, kv0_s, ahead, running, prompt)
+            self._aside[rid] = (arrival_s, idle0_s, kv0_s, ahead, running, prompt)
             return
         rids.append(rid)
         self._floats.extend((arrival_s, idle0_s, kv0_s))
         self._ints.extend((ahead, running, prompt))
 
-    def pop(self, rid: int) -> _Pending | None:
-        """Request `rid`'s record as a `_Pending`, forgotten here; None if it is not waiting."""
+    def pop(self, rid: int) -> _Arrived | None:
+        """Request `rid`'s record, forgotten here; None if it is not waiting."""
         if self._aside and rid in self._aside:
             return self._aside.pop(rid)
         rids, head = self._rids, self._head
@@ -133,15 +138,16 @@ class _Waiting:
             self._head = 0
         return record
 
-    def _record(self, i: int) -> _Pending:
+    def _record(self, i: int) -> _Arrived:
         f, n, j = self._floats, self._ints, 3 * i
-        return _Pending(f[j], f[j + 1], f[j + 2], n[j], n[j + 1], n[j + 2])
+        return f[j], f[j + 1], f[j + 2], n[j], n[j + 1], n[j + 2]
 
 
 class TTFTDiagnoser:
     """Accumulates the TTFT parts of every request of one replica (see the module docstring)."""
 
-    __slots__ = ("clock", "scheduler", "step_time", "_waiting", "_pending", "_cols", "_ready")
+    __slots__ = ("clock", "scheduler", "step_time", "_waiting", "_pending", "_floats", "_ints",
+                 "_ready")
 
     def __init__(self, clock: WaitClock, scheduler: Scheduler,
                  step_time: Callable[[StepShape], float], hand_off: bool = False) -> None:
@@ -153,9 +159,9 @@ class TTFTDiagnoser:
         self._waiting = _Waiting()  # arrived, not yet admitted
         self._pending: dict[int, _Pending] = {}  # admitted, before the first token
         self._ready: dict[int, tuple[float | int, ...]] | None = {} if hand_off else None
-        self._cols: dict[str, array] = {"request_id": array("q")}
-        self._cols.update({name: array("d") for name in _FLOAT_COLUMNS})
-        self._cols.update({name: array("q") for name in _INT_COLUMNS})
+        # kept rows (without hand_off): _FLOAT_COLUMNS' values, then request_id and
+        # _INT_COLUMNS' values, a row after another
+        self._floats, self._ints = array("d"), array("q")
 
     def on_arrival(self, request: Request, now_s: float) -> None:
         idle_s, kv_s = self.clock.at(now_s)
@@ -183,12 +189,16 @@ class TTFTDiagnoser:
         for i in compress(range(len(news)), plan.is_prefill):
             rid = plan.request_ids[i]
             p = pending.get(rid)
-            if p is None:
-                p = waiting.pop(rid)
-                if p is None:
-                    continue  # past its first token (a re-prefill after preemption)
-                pending[rid] = p
             new, context = news[i], contexts[i]
+            if p is None:
+                arrived = waiting.pop(rid)
+                if arrived is None:
+                    continue  # past its first token (a re-prefill after preemption)
+                if emits[i]:  # admitted and first token in this step: nothing kept between
+                    self._at_once(rid, arrived, start_s, start_s + duration_s, new, context,
+                                  per_token_s, others)
+                    continue
+                p = pending[rid] = _Pending(*arrived)
             if p.admit_s < 0.0:
                 self._admitted(p, start_s, context)
             elif p.preempted_at_s >= 0.0:
@@ -212,37 +222,49 @@ class TTFTDiagnoser:
         p.kv_wait_s = kv_s - p.kv0_s
         p.computed_max = context  # served by the prefix cache
         if context:
-            whole = self.step_time(StepShape(prefill_chunk_tokens=(p.prompt,),
-                                             prefill_context_tokens=(0,), padded_batch=1))
-            rest = self.step_time(StepShape(prefill_chunk_tokens=(p.prompt - context,),
-                                            prefill_context_tokens=(context,), padded_batch=1))
-            p.saved_s = max(0.0, whole - rest)
+            p.saved_s = self._saved_s(p.prompt, context)
+
+    def _saved_s(self, prompt: int, context: int) -> float:
+        """The time the `context` cached prompt tokens did not cost (see the module)."""
+        whole = self.step_time(StepShape(prefill_chunk_tokens=(prompt,),
+                                         prefill_context_tokens=(0,), padded_batch=1))
+        rest = self.step_time(StepShape(prefill_chunk_tokens=(prompt - context,),
+                                        prefill_context_tokens=(context,), padded_batch=1))
+        return max(0.0, whole - rest)
+
+    def _at_once(self, rid: int, arrived: _Arrived, start_s: float, first_token_s: float,
+                 new: int, context: int, per_token_s: float, others: int) -> None:
+        """A request first admitted in the step that gives its first token (most are): the
+        row on_step and _finish would give through a _Pending, the same floats."""
+        arrival_s, idle0_s, kv0_s, ahead, running, prompt = arrived
+        idle_s, kv_s = self.clock.at(start_s)
+        saved_s = self._saved_s(prompt, context) if context else 0.0
+        # a fresh record's sums (0.0) plus this step's shares: nothing to recompute
+        self._row(rid, arrival_s, start_s, idle_s - idle0_s, kv_s - kv0_s,
+                  0.0 + new * per_token_s, 0.0 + 0 * per_token_s, 0.0, saved_s, 0 + others, 1,
+                  ahead, running, first_token_s)
 
     def _finish(self, rid: int, p: _Pending, first_token_s: float) -> None:
         del self._pending[rid]
-        wait_s = p.admit_s - p.arrival_s
-        running_s = first_token_s - p.admit_s
+        self._row(rid, p.arrival_s, p.admit_s, p.idle_wait_s, p.kv_wait_s, p.own_s,
+                  p.recompute_s, p.preempt_s, p.saved_s, p.others, p.steps, p.ahead, p.running,
+                  first_token_s)
+
+    def _row(self, rid: int, arrival_s: float, admit_s: float, idle_wait_s: float,
+             kv_wait_s: float, own_s: float, recompute_s: float, preempt_s: float,
+             saved_s: float, others: int, steps: int, ahead: int, running: int,
+             first_token_s: float) -> None:
+        """Request `rid`'s row (COLUMNS' values) from its sums, handed off or kept."""
+        wait_s = admit_s - arrival_s
+        running_s = first_token_s - admit_s
+        floats = ((wait_s - idle_wait_s - kv_wait_s) * 1e3, idle_wait_s * 1e3, kv_wait_s * 1e3,
+                  own_s * 1e3, (running_s - own_s - recompute_s - preempt_s) * 1e3,
+                  (preempt_s + recompute_s) * 1e3, saved_s * 1e3, others / steps)
         if self._ready is not None:
-            self._ready[rid] = (
-                (wait_s - p.idle_wait_s - p.kv_wait_s) * 1e3, p.idle_wait_s * 1e3,
-                p.kv_wait_s * 1e3, p.own_s * 1e3,
-                (running_s - p.own_s - p.recompute_s - p.preempt_s) * 1e3,
-                (p.preempt_s + p.recompute_s) * 1e3, p.saved_s * 1e3, p.others / p.steps,
-                p.ahead, p.running, p.steps)
+            self._ready[rid] = (*floats, ahead, running, steps)
             return
-        c = self._cols
-        c["request_id"].append(rid)
-        c["ttft_queue_ms"].append((wait_s - p.idle_wait_s - p.kv_wait_s) * 1e3)
-        c["ttft_batch_fill_ms"].append(p.idle_wait_s * 1e3)
-        c["ttft_kv_wait_ms"].append(p.kv_wait_s * 1e3)
-        c["ttft_prefill_ms"].append(p.own_s * 1e3)
-        c["ttft_shared_ms"].append((running_s - p.own_s - p.recompute_s - p.preempt_s) * 1e3)
-        c["ttft_preempt_ms"].append((p.preempt_s + p.recompute_s) * 1e3)
-        c["prefix_saved_ms"].append(p.saved_s * 1e3)
-        c["queue_ahead"].append(p.ahead)
-        c["running_at_arrival"].append(p.running)
-        c["prefill_steps"].append(p.steps)
-        c["mean_others_in_prefill"].append(p.others / p.steps)
+        self._floats.extend(floats)
+        self._ints.extend((rid, ahead, running, steps))
 
     def take(self, rid: int) -> tuple[float | int, ...] | None:
         """Request `rid`'s row (COLUMNS' values), forgotten once taken; None if it has none
@@ -254,8 +276,12 @@ class TTFTDiagnoser:
         """One row per request that reached its first token, keyed by request_id."""
         import pandas as pd  # only a caller that wants the frame pays for pandas
 
-        return pd.DataFrame({k: np.array(v, dtype=np.float64 if v.typecode == "d" else np.int64)
-                             for k, v in self._cols.items()})
+        floats = np.array(self._floats, dtype=np.float64).reshape(-1, len(_FLOAT_COLUMNS))
+        ints = np.array(self._ints, dtype=np.int64).reshape(-1, 1 + len(_INT_COLUMNS))
+        columns = {"request_id": ints[:, 0]}
+        columns.update({k: floats[:, j] for j, k in enumerate(_FLOAT_COLUMNS)})
+        columns.update({k: ints[:, 1 + j] for j, k in enumerate(_INT_COLUMNS)})
+        return pd.DataFrame(columns)
 
 
 class ReplicaObserver:

@@ -24,12 +24,13 @@ bucket count, never by the number of requests.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from sim.core.request import Request
-from sim.results.sketch import QuantileSketch
+from sim.results.inorder import add_in_order
+from sim.results.requests import RequestRows
+from sim.results.sketch import QuantileSketch, bucket_keys
 from sim.results.slo import SLO
 from sim.results.stats import PERCENTILES, STAT_NAMES
 
@@ -84,6 +85,19 @@ class Latency:
         m.mean += delta / m.count
         m.m2 += delta * (x - m.mean)
 
+    def add_keyed(self, values: list[float], clamped: list[float], keys: list[int]) -> None:
+        """add(x) for each x of `values` in order, given them clamped at 0 and the sketch
+        buckets of the positive ones (QuantileSketch.add_keyed); the moments stay a loop."""
+        self.sketch.add_keyed(clamped, keys)
+        m = self.moments
+        count, mean, m2 = m.count, m.mean, m.m2
+        for x in values:
+            count += 1
+            delta = x - mean
+            mean += delta / count
+            m2 += delta * (x - mean)
+        m.count, m.mean, m.m2 = count, mean, m2
+
     def update(self, other: Latency) -> None:
         self.sketch.update(other.sketch)
         self.moments.update(other.moments)
@@ -119,20 +133,26 @@ class RequestTotals:
         self.reasons: dict[str, int] = {}
         self.first_arrival_s, self.last_finish_s = math.inf, -math.inf
 
-    def add(self, req: Request, reason: str | None) -> None:
-        if req.arrival_s < self.first_arrival_s:
-            self.first_arrival_s = req.arrival_s
-        if req.finish_s is not None and req.finish_s > self.last_finish_s:
-            self.last_finish_s = req.finish_s
-        if reason is not None:
+    def add_many(self, rows: RequestRows) -> None:
+        """Recorded requests, as one add a request in order would count them."""
+        if not len(rows):
+            return
+        first = min(rows.arrival_s.tolist())  # min and max keep the first extreme, as a loop
+        if first < self.first_arrival_s:
+            self.first_arrival_s = first
+        finish = rows.finish_s
+        known = finish[finish == finish].tolist()  # NaN: never finished
+        if known and max(known) > self.last_finish_s:
+            self.last_finish_s = max(known)
+        for reason in rows.reasons.values():  # in row order
             self.rejected += 1
             self.reasons[reason] = self.reasons.get(reason, 0) + 1
-            return
-        self.completed += 1
-        self.input_tokens += req.prompt_tokens
-        self.output_tokens += req.output_tokens
-        self.preemptions += req.num_preemptions
-        self.prefix_hit_tokens += req.prefix_hit_tokens
+        done = rows.finished
+        self.completed += int(np.count_nonzero(done))
+        self.input_tokens += int(rows.prompt_tokens[done].sum())
+        self.output_tokens += int(rows.output_tokens[done].sum())
+        self.preemptions += int(rows.preemptions[done].sum())
+        self.prefix_hit_tokens += int(rows.prefix_hit_tokens[done].sum())
 
 
 class Batch:
@@ -248,6 +268,108 @@ class RequestBatches:
             here.good += 1
             gone.good_here += 1
 
+    def add_many(self, arrival_s: np.ndarray, first_scheduled_s: np.ndarray,
+                 first_token_s: np.ndarray, finish_s: np.ndarray, output_tokens: np.ndarray,
+                 finished: np.ndarray) -> None:
+        """add() for each request in order, in bulk: the same batches, counts and floats.
+
+        The requests go in pieces between the widenings add() makes (before the same
+        request), so within a piece every batch is of one width; a batch's sums add its
+        requests' times in order (`add_in_order`) and its latencies' moments follow them
+        one by one (`Latency.add_many`).
+        """
+        leave_s = np.where(finished, finish_s, arrival_s)
+        total, pos, top = len(arrival_s), 0, self.max_batches
+        while pos < total:
+            with np.errstate(invalid="ignore"):  # NaN: refused below, as add() does
+                gone = (leave_s[pos:] / self.width_s).astype(np.int64)
+                here = (arrival_s[pos:] / self.width_s).astype(np.int64)
+            outside = np.flatnonzero((gone >= top) | (here >= top) | (gone < 0) | (here < 0))
+            stop = pos + (int(outside[0]) if outside.size else total - pos)
+            if stop == pos:  # as add(): widen for its leave time, then its arrival (or refuse)
+                self._batch(float(leave_s[pos]))
+                self._batch(float(arrival_s[pos]))
+                continue
+            part = slice(pos, stop)
+            self._add_covered(here[:stop - pos], gone[:stop - pos], arrival_s[part],
+                              leave_s[part], first_scheduled_s[part], first_token_s[part],
+                              finish_s[part], output_tokens[part], finished[part])
+            pos = stop
+
+    def _add_covered(self, here: np.ndarray, gone: np.ndarray, arrival_s: np.ndarray,
+                     leave_s: np.ndarray, first_scheduled_s: np.ndarray,
+                     first_token_s: np.ndarray, finish_s: np.ndarray,
+                     output_tokens: np.ndarray, finished: np.ndarray) -> None:
+        """Requests whose arrival and leave batches `here` and `gone` are covered."""
+        batches = self._batches
+        for i in {*here.tolist(), *gone.tolist()}:
+            if batches[i] is None:
+                batches[i] = Batch()
+        for i, count, total_s in _grouped(here, arrival_s, self._arrival_sums):
+            b = batches[i]
+            b.arrived += count  # type: ignore[union-attr]
+            b.arrival_sum_s = total_s  # type: ignore[union-attr]
+        for i, count, total_s in _grouped(gone, leave_s, self._left_sums):
+            b = batches[i]
+            b.left += count  # type: ignore[union-attr]
+            b.left_sum_s = total_s  # type: ignore[union-attr]
+        arrivals = arrival_s.tolist()
+        self.first_arrival_s = min(self.first_arrival_s, min(arrivals))
+        self.last_arrival_s = max(self.last_arrival_s, max(arrivals))
+        self.last_leave_s = max(self.last_leave_s, max(leave_s.tolist()))
+        if not finished.any():
+            return
+        done, a = finished, arrival_s
+        ttft, e2el, out = first_token_s - a, finish_s - a, output_tokens
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(out > 1, (e2el - ttft) / np.maximum(out - 1, 1), math.nan)
+        for i, count in _counts(here[done]):
+            batches[i].finished += count  # type: ignore[union-attr]
+        for i, count in _counts(gone[done]):
+            batches[i].done_here += count  # type: ignore[union-attr]
+        for name, x in (("ttft", ttft), ("tpot", tpot), ("e2el", e2el),
+                        ("queue", first_scheduled_s - a)):
+            keep = done & (x == x)  # not NaN
+            values, at = x[keep], here[keep]
+            if not at.size:
+                continue
+            order = np.argsort(at, kind="stable")  # each batch's samples in their order
+            at, values = at[order], values[order]
+            clamped = np.where(values > 0.0, values, 0.0)  # as Latency.add gives the sketch
+            positive = clamped > 0.0
+            keys = bucket_keys(clamped[positive]).tolist()  # every batch's in one call
+            before = np.concatenate(([0], np.cumsum(positive))).tolist()  # keys before row
+            starts = np.flatnonzero(np.diff(at, prepend=-1))
+            ends = [*starts[1:].tolist(), len(at)]
+            listed, clamped_list = values.tolist(), clamped.tolist()
+            for i, lo, hi in zip(at[starts].tolist(), starts.tolist(), ends, strict=True):
+                latency = batches[i].latency  # type: ignore[union-attr]
+                part = latency.get(name)
+                if part is None:
+                    part = latency[name] = Latency()
+                part.add_keyed(listed[lo:hi], clamped_list[lo:hi], keys[before[lo]:before[hi]])
+        slo = self.slo
+        if slo is None:
+            return
+        with np.errstate(invalid="ignore"):
+            good = done.copy()
+            if slo.ttft_ms is not None:
+                good &= ttft * 1e3 <= slo.ttft_ms
+            if slo.tpot_ms is not None:
+                good &= np.isnan(tpot) | (tpot * 1e3 <= slo.tpot_ms)
+            if slo.e2el_ms is not None:
+                good &= e2el * 1e3 <= slo.e2el_ms
+        for i, count in _counts(here[good]):
+            batches[i].good += count  # type: ignore[union-attr]
+        for i, count in _counts(gone[good]):
+            batches[i].good_here += count  # type: ignore[union-attr]
+
+    def _arrival_sums(self, i: int) -> float:
+        return self._batches[i].arrival_sum_s  # type: ignore[union-attr]
+
+    def _left_sums(self, i: int) -> float:
+        return self._batches[i].left_sum_s  # type: ignore[union-attr]
+
     @property
     def num_batches(self) -> int:
         """Batches up to the last one any request touched."""
@@ -280,3 +402,23 @@ def _integral_to(edges: np.ndarray, counts: list[int], sums_s: list[float]) -> n
     before_n = np.concatenate([[0.0], np.cumsum(n)])  # samples in batches before edge k
     before_s = np.concatenate([[0.0], np.cumsum(s)])
     return before_s + edges * (before_n[-1] - before_n)
+
+
+def _counts(index: np.ndarray) -> zip:
+    """(batch, how many) for each batch in `index`."""
+    batches, counts = np.unique(index, return_counts=True)
+    return zip(batches.tolist(), counts.tolist(), strict=True)
+
+
+def _grouped(index: np.ndarray, values_s: np.ndarray, start_of: Callable[[int], float]
+             ) -> zip:
+    """(batch, count, its sum) for each batch in `index`: the sum from `start_of(batch)`
+    plus its `values_s` added in order, as a loop over the requests adds them."""
+    order = np.argsort(index, kind="stable")
+    at = index[order]
+    starts = np.flatnonzero(np.diff(at, prepend=-1))
+    batches = at[starts].tolist()
+    init = np.array([[start_of(i)] for i in batches])
+    sums = add_in_order(init, values_s[order][:, None], starts)[:, 0].tolist()
+    counts = np.diff(starts, append=len(at)).tolist()
+    return zip(batches, counts, sums, strict=True)

@@ -60,14 +60,15 @@ def add_in_order(init: np.ndarray, terms: np.ndarray, starts: np.ndarray) -> np.
     rows = np.flatnonzero(short)
     if rows.size:
         longest = int(lengths[rows].max())
-        block = np.full((rows.size, longest + 1, *terms.shape[1:]), -0.0)
-        block[:, 0] = init[rows]
+        # a group a column, its terms down the rows: the accumulate adds whole rows
+        block = np.full((longest + 1, rows.size, *terms.shape[1:]), -0.0)
+        block[0] = init[rows]
         group = np.repeat(np.arange(rows.size), lengths[rows])
         take = np.repeat(starts[rows], lengths[rows])
         offset = np.arange(group.size) - np.repeat(np.cumsum(lengths[rows]) - lengths[rows],
                                                    lengths[rows])
-        block[group, offset + 1] = terms[take + offset]
-        out[rows] = np.add.accumulate(block, axis=1)[:, -1]
+        block[offset + 1, group] = terms[take + offset]
+        out[rows] = np.add.accumulate(block, axis=0)[-1]
     for g in np.flatnonzero(~short).tolist():
         a, n = int(starts[g]), int(lengths[g])
         out[g] = add_in_order(init[g:g + 1], terms[a:a + n], starts[:1])[0]

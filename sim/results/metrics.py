@@ -11,7 +11,9 @@ definition, as vLLM does, estimated by mergeable sketches within a relative
 Requests: each is folded into its arrival time batch (sim.results.batches),
 which gives the summary and the steady-state window, and its row goes to the
 recorder's `rows`: kept in memory (`RequestLog`, the default), streamed to
-requests.csv (`RequestCSV`) or dropped (None). Streamed or dropped, memory
+requests.csv (`RequestCSV`) or dropped (None). A request leaves one tuple of its
+fields (`RequestBlock`); blocks of 1,024 are folded in bulk, with the floats and
+bytes of folding them one by one, and every read folds first. Streamed or dropped, memory
 grows with requests in flight, not requests done; the SLO must then be given
 up front, since goodput needs each request's latencies together. Steps are
 not stored either: they wait in a fixed block of rows (sim.results.step_buffer)
@@ -75,7 +77,7 @@ from sim.core.request import Request, RequestState
 from sim.results.batches import RequestBatches, RequestTotals
 from sim.results.inorder import add_in_order
 from sim.results.itl_slices import ITLSlices
-from sim.results.requests import RequestCSV, RequestLog
+from sim.results.requests import RequestBlock, RequestCSV, RequestLog
 from sim.results.slo import SLO
 from sim.results.stats import LogHistogram, TimeBuckets
 from sim.results.step_buffer import StepBuffer
@@ -97,12 +99,15 @@ class RunRecorder:
                  "_num_steps", "_busy_s",
                  "_batch_x_s", "_max_kv_blocks_used", "_padded_x_s", "_slot_steps",
                  "_useful_slot_steps", "_waste_x_s", "_swap_out_tokens", "_swap_in_tokens",
-                 "_spec", "_extra_columns", "_itl_slices", "_steps")
+                 "_spec", "_extra_columns", "_itl_slices", "_steps", "_done")
 
     def __init__(self, max_buckets: int = 2048, bucket_width_s: float = 0.01, *,
                  rows: RequestCSV | str | None = KEEP, slo: SLO | None = None) -> None:
         self._requests = RequestLog() if rows == KEEP else None
         self._stream = rows if isinstance(rows, RequestCSV) else None
+        # recorded requests not yet folded in (_fold_requests); the log keeps the drafts
+        self._done = RequestBlock(self._requests is not None or (
+            self._stream is not None and self._stream.speculation))
         self._batches = RequestBatches(slo)
         self._totals = RequestTotals()
         self._itl = LogHistogram()
@@ -124,29 +129,36 @@ class RunRecorder:
         self._extra_columns: pd.DataFrame | None = None  # add_columns (TTFT diagnosis)
 
     def record_finished(self, req: Request) -> None:
-        if self._requests is not None:
-            self._requests.record_finished(req)  # refuses an unfinished request
-        elif req.state is not RequestState.FINISHED:
+        if req.state is not RequestState.FINISHED:
             raise ValueError(f"request {req.request_id} is {req.state.value}, not finished")
-        self._record(req, None)
+        done = self._done
+        done.append(req)
+        if done.full:
+            self._fold_requests()
 
     def record_rejected(self, req: Request) -> None:
-        if self._requests is not None:
-            self._requests.record_rejected(req)
-        self._record(req, req.rejection_reason or "unknown")
+        done = self._done
+        done.append(req, req.rejection_reason or "unknown")
+        if done.full:
+            self._fold_requests()
 
-    def _record(self, req: Request, reason: str | None) -> None:
-        nan = math.nan
-        self._batches.add(req.arrival_s, _or_nan(req.first_scheduled_s),
-                          _or_nan(req.first_token_s),
-                          nan if req.finish_s is None else req.finish_s, req.output_tokens,
-                          reason is None)
-        self._totals.add(req, reason)
+    def _fold_requests(self) -> None:
+        """The recorded requests into the time batches, the totals and the rows (kept or
+        written), in the order they were recorded; every read of them folds first."""
+        if not len(self._done):
+            return
+        rows = self._done.take()
+        self._batches.add_many(rows.arrival_s, rows.first_scheduled_s, rows.first_token_s,
+                               rows.finish_s, rows.output_tokens, rows.finished)
+        self._totals.add_many(rows)
+        if self._requests is not None:
+            self._requests.extend(rows)
         if self._stream is not None:
-            self._stream.write(req, reason)
+            self._stream.write_rows(rows)
 
     def close(self) -> None:
         """Close the streamed requests.csv (if any): every row written is on disk."""
+        self._fold_requests()
         if self._stream is not None:
             self._stream.close()
 
@@ -202,7 +214,7 @@ class RunRecorder:
         steps = len(duration_s)
         used = run.kv_blocks_used[:steps]
         buffer = self._steps
-        if steps <= buffer.room():
+        if buffer.size + steps < buffer.capacity:  # most runs: no fold
             buffer.append_run(start_s, duration_s, num_waiting, used, n, padded,
                               run.block_size, shape.decode_context_sum + n)
         else:  # in pieces that fit the block
@@ -215,8 +227,6 @@ class RunRecorder:
                 done = part.stop
                 if buffer.full:
                     self._fold()
-        if buffer.full:
-            self._fold()
         self._num_steps += steps
         self._slot_steps += padded * steps
         self._useful_slot_steps += n * steps
@@ -224,18 +234,13 @@ class RunRecorder:
         if self._max_kv_blocks_used is None or top > self._max_kv_blocks_used:
             self._max_kv_blocks_used = top
 
-    def _fold(self, release: bool = False) -> None:
+    def _fold(self) -> None:
         """The buffered steps into the ITL histogram and slices, the time series and the
-        busy-time sums, in the order they were recorded; `release`: free the block (a
-        read: recording may well be over)."""
+        busy-time sums, in the order they were recorded."""
         steps = self._steps
         if not steps.size:
-            if release:
-                steps.release()
             return
         start_s, duration_s, c = steps.take()
-        if release:
-            steps.release()
         held, live, batch, padded = c["kv_held"], c["kv_live"], c["batch_size"], \
             c["padded_batch"]
         waste = np.maximum(held - live, 0)  # record_step's (held - live) where held > live
@@ -275,7 +280,7 @@ class RunRecorder:
 
     @property
     def num_requests(self) -> int:
-        return self._totals.completed + self._totals.rejected
+        return self._totals.completed + self._totals.rejected + len(self._done)
 
     @property
     def num_steps(self) -> int:
@@ -283,7 +288,7 @@ class RunRecorder:
 
     @property
     def itl_slices(self) -> ITLSlices:
-        self._fold(release=True)
+        self._fold()
         return self._itl_slices
 
     @property
@@ -299,6 +304,7 @@ class RunRecorder:
     def _log(self) -> RequestLog:
         if self._requests is None:
             raise ValueError("this recorder keeps no request rows (streamed or dropped)")
+        self._fold_requests()
         return self._requests
 
     def request_batches(self, slo: SLO | None = None) -> RequestBatches:
@@ -309,14 +315,12 @@ class RunRecorder:
         """
         want = slo if slo is not None and slo.has_bounds else None
         if want == self._batches.slo:
+            self._fold_requests()
             return self._batches
-        log = self._log()
         batches = RequestBatches(want)
-        r = log.arrays()
-        for row in zip(r["arrival_s"].tolist(), r["first_scheduled_s"].tolist(),
-                       r["first_token_s"].tolist(), r["finish_s"].tolist(),
-                       r["output_tokens"].tolist(), r["finished"].tolist(), strict=True):
-            batches.add(*row)
+        r = self._log().arrays()
+        batches.add_many(r["arrival_s"], r["first_scheduled_s"], r["first_token_s"],
+                         r["finish_s"], r["output_tokens"], r["finished"])
         return batches
 
     def summary(self, slo: SLO | None = None, kv_blocks_total: int | None = None,
@@ -330,7 +334,8 @@ class RunRecorder:
         arguments come from the pool and scheduler (see the module docstring);
         swapped bytes need `kv_bytes_per_token` (else NaN).
         """
-        self._fold(release=True)
+        self._fold()
+        self._fold_requests()
         t = self._totals
         completed, rejected = t.completed, t.rejected
         duration_s = (t.last_finish_s - t.first_arrival_s
@@ -414,6 +419,7 @@ class RunRecorder:
         if self._stream is not None:
             import pandas as pd
 
+            self._fold_requests()  # (after close() every row is on disk)
             return pd.read_csv(self._stream.path)
         return self._log().frame(self._spec is not None, self._extra_columns)
 
@@ -430,7 +436,7 @@ class RunRecorder:
 
     def steps_columns(self) -> dict[str, np.ndarray]:
         """steps_frame()'s columns, without pandas."""
-        self._fold(release=True)
+        self._fold()
         return self._series.frame()
 
 

@@ -34,6 +34,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from sim.results.inorder import floor_log
+
 DEFAULT_RELATIVE_ERROR = 0.005
 
 
@@ -47,7 +49,7 @@ class QuantileSketch:
         if not 0.0 < relative_error < 1.0:
             raise ValueError(f"relative_error must be in (0, 1), got {relative_error}")
         self.relative_error = relative_error
-        self._inv_log_gamma = 1.0 / math.log((1 + relative_error) / (1 - relative_error))
+        self._inv_log_gamma = _inv_log_gamma(relative_error)
         self._counts = array("q")  # bucket _offset + j at index j
         self._offset = 0
         self.zeros = 0
@@ -91,6 +93,36 @@ class QuantileSketch:
     def add_all(self, values: Iterable[float]) -> None:
         for value in values:
             self.add(value)
+
+    def add_many(self, values: np.ndarray) -> None:
+        """add(v) for each v, in bulk: the same buckets, counts, min and max."""
+        positive = values > 0.0
+        if not (positive | (values == 0.0)).all():
+            bad = values[~(positive | (values == 0.0))][0]
+            raise ValueError(f"a sketch takes values >= 0, got {bad}")
+        self.add_keyed(values.tolist(),
+                       bucket_keys(values[positive], self.relative_error).tolist())
+
+    def add_keyed(self, values: list[float], keys: list[int]) -> None:
+        """add(v) for each v of `values` (all >= 0), given the buckets of the positive ones
+        in order (`bucket_keys`): the caller bins many sketches' samples in one call."""
+        if keys:
+            lo, hi = min(keys), max(keys)
+            counts = self._counts
+            if not counts or lo < self._offset or hi >= self._offset + len(counts):
+                self._cover(lo, hi)
+                counts = self._counts
+            offset = self._offset
+            for key in keys:
+                counts[key - offset] += 1
+        self.zeros += len(values) - len(keys)
+        self.count += len(values)
+        if values:  # min and max keep the first extreme, as add() does
+            low, high = min(values), max(values)
+            if low < self.min:
+                self.min = low
+            if high > self.max:
+                self.max = high
 
     def update(self, other: QuantileSketch) -> None:
         """Add `other`'s samples to this sketch (same relative error)."""
@@ -139,6 +171,17 @@ class QuantileSketch:
         values = np.concatenate([[0.0], 2.0 * np.exp(keys / self._inv_log_gamma) / (gamma + 1)])
         cum = np.cumsum(np.concatenate([[self.zeros], counts]))
         return linear_quantiles(values, cum, q, self.min, self.max)
+
+
+def _inv_log_gamma(relative_error: float) -> float:
+    return 1.0 / math.log((1 + relative_error) / (1 - relative_error))
+
+
+def bucket_keys(values: np.ndarray, relative_error: float = DEFAULT_RELATIVE_ERROR
+                ) -> np.ndarray:
+    """QuantileSketch.add's bucket of each positive value, ceil(log(v) / log(gamma)) with
+    math.log's floats, in bulk: ceil(x) = -floor(-x), and `floor_log` bins as math.log."""
+    return -floor_log(values, -_inv_log_gamma(relative_error))
 
 
 def linear_quantiles(values: np.ndarray, cum: np.ndarray, q: np.ndarray, lowest: float,

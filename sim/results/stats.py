@@ -13,6 +13,7 @@ bins and floats as `add` one step at a time (sim.results.inorder says how);
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from math import log
 
@@ -141,17 +142,21 @@ class LogHistogram:
             idx = np.zeros(size, dtype=np.int64)
             above = values_s >= lo
             idx[above] = floor_log(values_s[above], self._scale, self._offset)
-        # add's int() truncates where floor_log floors: they differ only on (-1, 0)
-        np.add.at(self._counts, np.clip(idx, 0, self._top), weights)
+        # add's int() truncates where floor_log floors: they differ only on (-1, 0); the
+        # bins' weights are integer sums far below 2**53, exact in bincount's float64
+        idx = np.clip(idx, 0, self._top)
+        low = int(idx.min())
+        added = np.bincount(idx - low, weights)
+        self._counts[low:low + len(added)] += added.astype(np.int64)
         seen = self.count + np.cumsum(weights)
         shares = (weights / seen).tolist()  # weight / n, as add divides two ints
         mean = before = self._mean
-        means = []
+        means = array("d")
         append = means.append
         for value_s, share in zip(values_s.tolist(), shares, strict=True):
             mean += (value_s - mean) * share
             append(mean)
-        after = np.array(means)
+        after = np.frombuffer(means, dtype=np.float64)
         delta = values_s - np.concatenate(((before,), after[:-1]))
         m2_terms = (weights * delta) * (values_s - after)
         self._m2 = float(add_in_order(np.array([[self._m2]]), m2_terms[:, None],
