@@ -76,8 +76,9 @@ DEFAULT_ALLREDUCE_LATENCY_S = 8e-6
 # Row counts whose context-free parts a model remembers (see RooflineLatency._fixed_parts);
 # past it the memo starts again, so memory stays bounded by the budget's row counts.
 MEMO_SHAPES = 4096
-# A run this long or longer is priced in numpy; shorter in plain floats (same floats).
-NUMPY_RUN_STEPS = 12
+# A run this long or longer is priced in numpy; shorter in plain floats (same floats):
+# about where numpy's ~1 us per operation costs what a plain step's ~0.2 us does.
+NUMPY_RUN_STEPS = 32
 
 
 def _check_fraction(name: str, value: float) -> None:
@@ -368,8 +369,12 @@ class RooflineLatency:
         """step_time of each step of a decode run (sim.core.decode_run): only attention
         grows with the contexts, so the other parts are priced once and each step's sum is
         step_time's, part for part in the same order (IEEE sums and products, the same in
-        numpy as in plain floats; numpy's power is never used). Mirrors _counts for a
-        decode-only shape."""
+        numpy as in plain floats, and commutative; numpy's power is never used). Mirrors
+        _counts for a decode-only shape.
+
+        A decode's pairs and KV tokens are the same float (context + n), so the larger of
+        its compute and HBM time is that float times the larger per-pair/per-token cost:
+        a rounded product never decreases when a positive factor grows."""
         parts = self._parts(shape)
         if not parts:
             return np.zeros(steps)
@@ -381,12 +386,26 @@ class RooflineLatency:
         launch_s, min_s, pair_s, token_s = cost.launch_s, cost.min_s, cost.pair_s, cost.token_s
         head = 0 + gemms_s + small_s  # sum()'s first two additions
         first = shape.decode_context_sum
-        if steps >= NUMPY_RUN_STEPS and not self._sliding_share and n:
-            # context + n for every step; pairs and KV tokens are its float (n >= 1: pairs)
-            tokens = (first + n + n * np.arange(steps)).astype(np.float64)
-            compute, memory = tokens * pair_s, tokens * token_s
-            t = launch_s + np.maximum(compute, memory)
-            return head + layers * np.maximum(t, min_s) + lm_head_s + cpu_s + collectives_s
+        if not self._sliding_share and n:
+            per_token_s = pair_s if pair_s >= token_s else token_s
+            tokens0 = first + n  # step s: tokens0 + s * n, an integer (exact as a float)
+            if steps >= NUMPY_RUN_STEPS:
+                t = np.arange(tokens0, tokens0 + steps * n, n, dtype=np.float64)
+                t *= per_token_s
+                t += launch_s
+                np.maximum(t, min_s, out=t)
+                t *= layers
+                t += head
+                t += lm_head_s
+                t += cpu_s
+                t += collectives_s
+                return t
+            out = []
+            for s in range(steps):
+                t = launch_s + (tokens0 + s * n) * per_token_s
+                out.append(head + layers * (t if t >= min_s else min_s) + lm_head_s + cpu_s
+                           + collectives_s)
+            return np.array(out)
         attended = self._attended if self._sliding_share else None
         out = []
         for s in range(steps):
