@@ -137,6 +137,11 @@ class RooflineLatency:
     # is most of a step's price; the memo holds the very floats computed the first time
     _memo: dict[tuple[float, float, float], tuple[float, float, float, float, float]] = field(
         init=False, repr=False, compare=False)
+    # (decodes, padded batch) of a plain-decode step -> its parts but attention, as step_time
+    # adds them: (0 + gemms + small, lm_head, cpu, collectives); a run's steps and most
+    # ordinary steps are plain decodes, priced from this and the attention law alone
+    _decode_memo: dict[tuple[int, int], tuple[float, float, float, float]] = field(
+        init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         m, tp, ep, hw = self.model, self.tp, self.ep, self.hardware
@@ -198,6 +203,7 @@ class RooflineLatency:
             "_all_to_all_fixed_s": (2 * m.moe_layers * self.allreduce_latency_s
                                     if ep > 1 else 0.0),
             "_memo": {},
+            "_decode_memo": {},
         }
         for key, value in values.items():
             object.__setattr__(self, key, value)
@@ -325,6 +331,19 @@ class RooflineLatency:
             memo[key] = parts
         return parts
 
+    def _decode_parts(self, shape: StepShape) -> tuple[float, float, float, float]:
+        """A plain-decode step's parts but attention (sum()'s first two added), remembered
+        by batch size and padding: all it depends on."""
+        key = (shape.num_decodes, shape.padded_batch)
+        parts = self._decode_memo.get(key)
+        if parts is None:
+            gemms_s, small_s, _, lm_head_s, cpu_s, collectives_s = self._parts(shape)
+            parts = (0 + gemms_s + small_s, lm_head_s, cpu_s, collectives_s)
+            if len(self._decode_memo) >= MEMO_SHAPES:
+                self._decode_memo.clear()
+            self._decode_memo[key] = parts
+        return parts
+
     def _work(self, rows: float, pairs: float, kv_tokens: float, logit_rows: float
               ) -> dict[str, float]:
         """FLOPs and HBM bytes of the step's kernels, and their ideal times: the regimes."""
@@ -361,8 +380,22 @@ class RooflineLatency:
                 / self.hardware.host_link_bandwidth_bytes_per_s) if slots else 0.0
 
     def step_time(self, shape: StepShape) -> float:
-        """Seconds for one step; an empty shape launches nothing and costs 0 (but swaps)."""
+        """Seconds for one step; an empty shape launches nothing and costs 0 (but swaps).
+
+        A plain-decode step (most steps) is the general sum with its context-free parts
+        remembered (_decode_parts) and attention's law inlined, operation for operation."""
         swapped = shape.swap_out_tokens + shape.swap_in_tokens
+        n = shape.num_decodes
+        if n and not (shape.prefill_chunk_tokens or shape.num_spec_tokens or swapped
+                      or self._sliding_share):
+            head, lm_head_s, cpu_s, collectives_s = self._decode_parts(shape)
+            cost = self._decode_attention
+            pairs = 0.0 + (shape.decode_context_sum + n)
+            compute = pairs * cost.pair_s
+            memory = float(shape.decode_context_sum + n) * cost.token_s
+            t = cost.launch_s + (compute if compute >= memory else memory)
+            attention = self._attn_layers * (t if t >= cost.min_s else cost.min_s)
+            return head + attention + lm_head_s + cpu_s + collectives_s + 0.0
         return sum(self._parts(shape)) + (self.swap_time_s(shape) if swapped else 0.0)
 
     def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
@@ -375,18 +408,14 @@ class RooflineLatency:
         A decode's pairs and KV tokens are the same float (context + n), so the larger of
         its compute and HBM time is that float times the larger per-pair/per-token cost:
         a rounded product never decreases when a positive factor grows."""
-        parts = self._parts(shape)
-        if not parts:
-            return np.zeros(steps)
-        gemms_s, small_s, _, lm_head_s, cpu_s, collectives_s = parts
         n, layers = shape.num_decodes, self._attn_layers
         # _attention_s and AttentionCost.seconds inlined (the hot loop of a run), operation
         # for operation
         cost = self._decode_attention
         launch_s, min_s, pair_s, token_s = cost.launch_s, cost.min_s, cost.pair_s, cost.token_s
-        head = 0 + gemms_s + small_s  # sum()'s first two additions
         first = shape.decode_context_sum
         if not self._sliding_share and n:
+            head, lm_head_s, cpu_s, collectives_s = self._decode_parts(shape)
             per_token_s = pair_s if pair_s >= token_s else token_s
             tokens0 = first + n  # step s: tokens0 + s * n, an integer (exact as a float)
             if steps >= NUMPY_RUN_STEPS:
@@ -406,6 +435,11 @@ class RooflineLatency:
                 out.append(head + layers * (t if t >= min_s else min_s) + lm_head_s + cpu_s
                            + collectives_s)
             return np.array(out)
+        parts = self._parts(shape)
+        if not parts:
+            return np.zeros(steps)
+        gemms_s, small_s, _, lm_head_s, cpu_s, collectives_s = parts
+        head = 0 + gemms_s + small_s  # sum()'s first two additions
         attended = self._attended if self._sliding_share else None
         out = []
         for s in range(steps):
