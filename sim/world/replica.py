@@ -399,10 +399,12 @@ class Replica:
             del state.finish_steps[0]
         run, ends_s, duration_s = state.run, state.ends_s, state.duration_s
         ran = self.scheduler.advance_decodes(run, begin, upto, state.step_end_s)
-        waiting = np.full(upto - begin, run.num_waiting, dtype=np.int64)
         if self._run_arrivals:  # joined the queue by each step's end
-            waiting += np.searchsorted(np.array(self._run_arrivals), ends_s[begin + 1:upto + 1],
-                                       side="right")
+            waiting = np.array(self._run_arrivals).searchsorted(ends_s[begin + 1:upto + 1],
+                                                                side="right")
+            waiting += run.num_waiting
+        else:
+            waiting = np.full(upto - begin, run.num_waiting, dtype=np.int64)
         recorders, done, log = state.recorders, 0, self.fleet_log
         for segment in ran:
             a, k = segment.start, segment.run.steps
