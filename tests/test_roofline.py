@@ -164,3 +164,23 @@ def test_remembered_parts_stay_bounded() -> None:
     for batch in range(1, MEMO_SHAPES + 50):
         model.step_time(decode(batch, 100))
     assert 0 < len(model._memo) <= MEMO_SHAPES  # noqa: SLF001 - the bound is the point
+
+
+@given(st.integers(1, 300), st.integers(0, 10**6), st.integers(0, 64),
+       st.sampled_from(["llama-3-8b", "mixtral-8x7b", "gpt-oss-20b"]), st.sampled_from([1, 2]))
+def test_a_plain_decode_prices_as_the_sum_of_its_parts(n, context_sum, pad, model, tp) -> None:
+    """step_time's plain-decode path (remembered parts, attention inlined) adds the very
+    floats breakdown lists, in its order: exactly, sliding-window models included."""
+    from sim.config.hf_config import read_hf_config
+
+    spec = read_hf_config("builtin:gpt-oss-20b").spec if model == "gpt-oss-20b" \
+        else get_model(model)
+    roof = RooflineLatency(spec, H100, tp=tp)
+    shape = StepShape(num_decodes=n, decode_context_sum=context_sum,
+                      decode_context_max=context_sum // n, padded_batch=n + pad)
+    parts = roof.breakdown(shape)
+    total = 0
+    for key in ("gemm_s", "small_s", "attention_s", "lm_head_s", "overhead_s", "allreduce_s"):
+        total += parts[key]
+    assert roof.step_time(shape) == total + 0.0
+    assert roof.step_time(shape) == RooflineLatency(spec, H100, tp=tp).step_time(shape)

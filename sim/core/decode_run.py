@@ -36,8 +36,8 @@ class DecodeRun:
     max `+ (s - a)` (decode_shape). `segments`: (first step, shape) of each segment;
     the first is (0, shape), and each later one starts after a step in which some
     sequences finished.
-    `kv_blocks_used[s]`: blocks in use while step s runs, if no one had finished before
-    it (exact for the first segment; RunSegment's are exact).
+    `kv_blocks_used[s]`: blocks in use while step s runs (a RunSegment's part: exact;
+    the continuous scheduler's described run leaves it empty, only its parts are recorded).
     `num_waiting`: queued at the start; arrivals during the run only join the tail.
     `stops_at_arrival`: the queue was empty, so an arrival could be admitted: the run
     must end with the step during which the next request arrives.

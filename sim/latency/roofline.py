@@ -76,8 +76,9 @@ DEFAULT_ALLREDUCE_LATENCY_S = 8e-6
 # Row counts whose context-free parts a model remembers (see RooflineLatency._fixed_parts);
 # past it the memo starts again, so memory stays bounded by the budget's row counts.
 MEMO_SHAPES = 4096
-# A run this long or longer is priced in numpy; shorter in plain floats (same floats).
-NUMPY_RUN_STEPS = 12
+# A run this long or longer is priced in numpy; shorter in plain floats (same floats):
+# about where numpy's ~1 us per operation costs what a plain step's ~0.2 us does.
+NUMPY_RUN_STEPS = 32
 
 
 def _check_fraction(name: str, value: float) -> None:
@@ -135,6 +136,11 @@ class RooflineLatency:
     # thousand (a decode step's rows are its batch), and the GEMMs' tile-and-wave pricing
     # is most of a step's price; the memo holds the very floats computed the first time
     _memo: dict[tuple[float, float, float], tuple[float, float, float, float, float]] = field(
+        init=False, repr=False, compare=False)
+    # (decodes, padded batch) of a plain-decode step -> its parts but attention, as step_time
+    # adds them: (0 + gemms + small, lm_head, cpu, collectives); a run's steps and most
+    # ordinary steps are plain decodes, priced from this and the attention law alone
+    _decode_memo: dict[tuple[int, int], tuple[float, float, float, float]] = field(
         init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -197,6 +203,7 @@ class RooflineLatency:
             "_all_to_all_fixed_s": (2 * m.moe_layers * self.allreduce_latency_s
                                     if ep > 1 else 0.0),
             "_memo": {},
+            "_decode_memo": {},
         }
         for key, value in values.items():
             object.__setattr__(self, key, value)
@@ -324,6 +331,19 @@ class RooflineLatency:
             memo[key] = parts
         return parts
 
+    def _decode_parts(self, shape: StepShape) -> tuple[float, float, float, float]:
+        """A plain-decode step's parts but attention (sum()'s first two added), remembered
+        by batch size and padding: all it depends on."""
+        key = (shape.num_decodes, shape.padded_batch)
+        parts = self._decode_memo.get(key)
+        if parts is None:
+            gemms_s, small_s, _, lm_head_s, cpu_s, collectives_s = self._parts(shape)
+            parts = (0 + gemms_s + small_s, lm_head_s, cpu_s, collectives_s)
+            if len(self._decode_memo) >= MEMO_SHAPES:
+                self._decode_memo.clear()
+            self._decode_memo[key] = parts
+        return parts
+
     def _work(self, rows: float, pairs: float, kv_tokens: float, logit_rows: float
               ) -> dict[str, float]:
         """FLOPs and HBM bytes of the step's kernels, and their ideal times: the regimes."""
@@ -360,33 +380,66 @@ class RooflineLatency:
                 / self.hardware.host_link_bandwidth_bytes_per_s) if slots else 0.0
 
     def step_time(self, shape: StepShape) -> float:
-        """Seconds for one step; an empty shape launches nothing and costs 0 (but swaps)."""
+        """Seconds for one step; an empty shape launches nothing and costs 0 (but swaps).
+
+        A plain-decode step (most steps) is the general sum with its context-free parts
+        remembered (_decode_parts) and attention's law inlined, operation for operation."""
         swapped = shape.swap_out_tokens + shape.swap_in_tokens
+        n = shape.num_decodes
+        if n and not (shape.prefill_chunk_tokens or shape.num_spec_tokens or swapped
+                      or self._sliding_share):
+            head, lm_head_s, cpu_s, collectives_s = self._decode_parts(shape)
+            cost = self._decode_attention
+            pairs = 0.0 + (shape.decode_context_sum + n)
+            compute = pairs * cost.pair_s
+            memory = float(shape.decode_context_sum + n) * cost.token_s
+            t = cost.launch_s + (compute if compute >= memory else memory)
+            attention = self._attn_layers * (t if t >= cost.min_s else cost.min_s)
+            return head + attention + lm_head_s + cpu_s + collectives_s + 0.0
         return sum(self._parts(shape)) + (self.swap_time_s(shape) if swapped else 0.0)
 
     def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
         """step_time of each step of a decode run (sim.core.decode_run): only attention
         grows with the contexts, so the other parts are priced once and each step's sum is
         step_time's, part for part in the same order (IEEE sums and products, the same in
-        numpy as in plain floats; numpy's power is never used). Mirrors _counts for a
-        decode-only shape."""
-        parts = self._parts(shape)
-        if not parts:
-            return np.zeros(steps)
-        gemms_s, small_s, _, lm_head_s, cpu_s, collectives_s = parts
+        numpy as in plain floats, and commutative; numpy's power is never used). Mirrors
+        _counts for a decode-only shape.
+
+        A decode's pairs and KV tokens are the same float (context + n), so the larger of
+        its compute and HBM time is that float times the larger per-pair/per-token cost:
+        a rounded product never decreases when a positive factor grows."""
         n, layers = shape.num_decodes, self._attn_layers
         # _attention_s and AttentionCost.seconds inlined (the hot loop of a run), operation
         # for operation
         cost = self._decode_attention
         launch_s, min_s, pair_s, token_s = cost.launch_s, cost.min_s, cost.pair_s, cost.token_s
-        head = 0 + gemms_s + small_s  # sum()'s first two additions
         first = shape.decode_context_sum
-        if steps >= NUMPY_RUN_STEPS and not self._sliding_share and n:
-            # context + n for every step; pairs and KV tokens are its float (n >= 1: pairs)
-            tokens = (first + n + n * np.arange(steps)).astype(np.float64)
-            compute, memory = tokens * pair_s, tokens * token_s
-            t = launch_s + np.maximum(compute, memory)
-            return head + layers * np.maximum(t, min_s) + lm_head_s + cpu_s + collectives_s
+        if not self._sliding_share and n:
+            head, lm_head_s, cpu_s, collectives_s = self._decode_parts(shape)
+            per_token_s = pair_s if pair_s >= token_s else token_s
+            tokens0 = first + n  # step s: tokens0 + s * n, an integer (exact as a float)
+            if steps >= NUMPY_RUN_STEPS:
+                t = np.arange(tokens0, tokens0 + steps * n, n, dtype=np.float64)
+                t *= per_token_s
+                t += launch_s
+                np.maximum(t, min_s, out=t)
+                t *= layers
+                t += head
+                t += lm_head_s
+                t += cpu_s
+                t += collectives_s
+                return t
+            out = []
+            for s in range(steps):
+                t = launch_s + (tokens0 + s * n) * per_token_s
+                out.append(head + layers * (t if t >= min_s else min_s) + lm_head_s + cpu_s
+                           + collectives_s)
+            return np.array(out)
+        parts = self._parts(shape)
+        if not parts:
+            return np.zeros(steps)
+        gemms_s, small_s, _, lm_head_s, cpu_s, collectives_s = parts
+        head = 0 + gemms_s + small_s  # sum()'s first two additions
         attended = self._attended if self._sliding_share else None
         out = []
         for s in range(steps):

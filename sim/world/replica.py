@@ -304,11 +304,12 @@ class Replica:
         assert self.next_arrival is not None
         behind = self.fleet_log is not None
         at_s = self.next_arrival.at_s if run.stops_at_arrival and not behind else math.inf
-        duration_s = self._price(run, at_s - env.now)
-        ends_s = np.cumsum(np.concatenate(((env.now,), duration_s)))
+        # [now, each step's duration]: its running sum is the step ends
+        timeline = self._price(run, env.now, at_s)
+        ends_s, duration_s = timeline.cumsum(), timeline[1:]
         steps = len(duration_s)
-        if run.stops_at_arrival and not behind:
-            steps = min(steps, int(np.searchsorted(ends_s[1:], at_s)) + 1)
+        if at_s < math.inf:
+            steps = min(steps, int(ends_s[1:].searchsorted(at_s)) + 1)
         self._run_arrivals = []
         self._run = _Running(run, recorders, ends_s, duration_s, ends_s[1:steps + 1].tolist(),
                              [start - 1 for start, _ in run.segments[1:] if start <= steps])
@@ -355,23 +356,28 @@ class Replica:
         self.fleet_log.add(self._source, steps)
         self._cause = after_step(steps)
 
-    def _price(self, run: DecodeRun, within_s: float) -> np.ndarray:
-        """The durations of the run's steps up to the one running `within_s` from its start
-        (all of them if it ends sooner): segment by segment, a segment's steps at least
-        its first one's long (contexts only grow), so no more are priced than can run."""
+    def _price(self, run: DecodeRun, now_s: float, at_s: float) -> np.ndarray:
+        """`now_s`, then the durations of the run's steps up to the one running at `at_s`
+        (all of them if it ends sooner): segment by segment, a segment's steps at least its
+        first one's long (contexts only grow), so no more are priced than can run."""
         price, step_time = self.latency.decode_run_s, self.latency.step_time
-        pieces: list[np.ndarray] = []
-        for _, steps, shape in run.segment_lengths():
-            if within_s < math.inf:
-                first_s = step_time(shape)
-                if first_s > 0:
-                    steps = min(steps, int(within_s / first_s) + 2)
+        segments = run.segments or ((0, run.shape),)
+        pieces: list = [(now_s,)]
+        within_s = at_s - now_s
+        for j, (start, shape) in enumerate(segments):
+            steps = (segments[j + 1][0] if j + 1 < len(segments) else run.steps) - start
+            if within_s == math.inf:
+                pieces.append(price(shape, steps))
+                continue
+            first_s = step_time(shape)
+            if first_s > 0:
+                steps = min(steps, int(within_s / first_s) + 2)
             piece = price(shape, steps)
             pieces.append(piece)
             within_s -= float(np.add.reduce(piece))
             if within_s < 0:
                 break
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        return np.concatenate(pieces)
 
     def _advance(self, upto: int) -> None:
         """Apply and record the running decode run's steps before `upto` not applied yet.
@@ -393,10 +399,12 @@ class Replica:
             del state.finish_steps[0]
         run, ends_s, duration_s = state.run, state.ends_s, state.duration_s
         ran = self.scheduler.advance_decodes(run, begin, upto, state.step_end_s)
-        waiting = np.full(upto - begin, run.num_waiting, dtype=np.int64)
         if self._run_arrivals:  # joined the queue by each step's end
-            waiting += np.searchsorted(np.array(self._run_arrivals), ends_s[begin + 1:upto + 1],
-                                       side="right")
+            waiting = np.array(self._run_arrivals).searchsorted(ends_s[begin + 1:upto + 1],
+                                                                side="right")
+            waiting += run.num_waiting
+        else:
+            waiting = np.full(upto - begin, run.num_waiting, dtype=np.int64)
         recorders, done, log = state.recorders, 0, self.fleet_log
         for segment in ran:
             a, k = segment.start, segment.run.steps

@@ -30,36 +30,38 @@ def describe_run(batch: RunningBatch, kv: KVManager, paged: bool,
                  graph_sizes: tuple[int, ...], num_waiting: int, kv_blocked: bool,
                  max_steps: int) -> DecodeRun | None:
     """The next plain-decode steps: across finishes while nobody waits, else up to the first
-    finisher's step; cut where the free pool (frees aside) cannot cover the blocks."""
+    finisher's step; cut where the free pool (frees aside) cannot cover the blocks.
+
+    In plain Python over the rows (a few, mostly), numpy only where the pool runs short. The
+    run's kv_blocks_used is left empty: the applied parts (apply_run) carry theirs."""
     n = len(batch.reqs)
     state = batch.state
-    computed = state[COMPUTED, :n]
-    finish = state[TARGET, :n] - state[DONE, :n] - 1  # the step each one finishes in
-    first_out = int(np.minimum.reduce(finish))
-    last = first_out if num_waiting else int(np.maximum.reduce(finish))
-    steps = min(last + 1, max_steps)
+    contexts = state[COMPUTED, :n].tolist()
+    finish = (state[TARGET, :n] - state[DONE, :n] - 1).tolist()  # the step each finishes in
+    first_out = min(finish)
+    steps = min((first_out if num_waiting else max(finish)) + 1, max_steps)
     if steps < 2:
         return None
     bs = batch.block_size
-    used0 = kv.num_used_blocks
     if paged:
-        taken = np.cumsum(_blocks_taken(computed, finish, steps, bs))
-        fits = int(taken.searchsorted(kv.num_free_blocks, side="right"))
-        if fits < steps:
-            steps = fits
+        # row i takes a block at each step s <= its last with context c_i + s a multiple of
+        # bs: the multiples in [c_i, c_i + last]
+        last = steps - 1
+        needed = 0
+        for context, f in zip(contexts, finish, strict=True):
+            needed += (context + (f if f < last else last)) // bs - (context - 1) // bs
+        if needed > kv.num_free_blocks:  # cut at the last step the pool covers
+            taken = np.cumsum(_blocks_taken(np.array(contexts, dtype=np.int64),
+                                            np.array(finish, dtype=np.int64), steps, bs))
+            steps = int(taken.searchsorted(kv.num_free_blocks, side="right"))
             if steps < 2:
                 return None
-            taken = taken[:steps]
-        used = taken + used0
-    else:
-        used = np.full(steps, used0, dtype=np.int64)
-    contexts = computed.tolist()
     first = _shape(n, sum(contexts), max(contexts), graph_sizes)
     segments = [(0, first)]
     if first_out < steps - 1:  # some finish before the last step: a segment after each
         # the rows left after a finishers' step f are those finishing later: walk the rows
         # latest finisher first, and open a segment where the finish step changes
-        rows = sorted(zip(finish.tolist(), contexts, strict=True), reverse=True)
+        rows = sorted(zip(finish, contexts, strict=True), reverse=True)
         after: list[tuple[int, int, int, int]] = []  # (first step, rows, context sum, max)
         left = total = top = 0
         for i, (f, context) in enumerate(rows):
@@ -70,8 +72,8 @@ def describe_run(batch: RunningBatch, kv: KVManager, paged: bool,
                 top = context
         segments += [(s, _shape(m, total + s * m, top + s, graph_sizes))
                      for s, m, total, top in reversed(after)]
-    return DecodeRun(steps, first, used, num_waiting, not num_waiting, bs,
-                     kv_blocked, tuple(segments))
+    return DecodeRun(steps, first, np.empty(0, dtype=np.int64), num_waiting,
+                     not num_waiting, bs, kv_blocked, tuple(segments))
 
 
 def _blocks_taken(computed: np.ndarray, finish: np.ndarray, steps: int, bs: int
@@ -91,8 +93,8 @@ def _blocks_taken(computed: np.ndarray, finish: np.ndarray, steps: int, bs: int
 
 def _shape(n: int, context_sum: int, context_max: int, graph_sizes: tuple[int, ...]) -> StepShape:
     """A plain-decode step's shape: n decodes with these contexts (padded for graphs)."""
-    padded = padded_batch_size(n, graph_sizes) if graph_sizes else 0
-    return StepShape((), (), n, context_sum, context_max, max(padded, n))
+    padded = padded_batch_size(n, graph_sizes) if graph_sizes else n
+    return StepShape((), (), n, context_sum, context_max, padded if padded > n else n)
 
 
 def apply_run(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
