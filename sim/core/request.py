@@ -197,6 +197,27 @@ class Request:
         else:
             (self._details or self._made_details()).spec_accepted = value
 
+    def counters(self) -> tuple[int, int, int, int]:
+        """(num_computed_tokens, num_output_done, spec_drafted, spec_accepted) in one read."""
+        if self._live is not None:
+            return (self.num_computed_tokens, self.num_output_done, self.spec_drafted,
+                    self.spec_accepted)
+        details = self._details
+        if details is None:
+            return (0, 0, 0, 0)
+        return (details.num_computed_tokens, details.num_output_done, details.spec_drafted,
+                details.spec_accepted)
+
+    def take_counters(self, computed: int, output_done: int, drafted: int,
+                      accepted: int) -> None:
+        """The running set that held its counters hands them back (it leaves the set)."""
+        self._live = None
+        details = self._details or self._made_details()
+        details.num_computed_tokens = computed
+        details.num_output_done = output_done
+        details.spec_drafted = drafted
+        details.spec_accepted = accepted
+
     # -- the rarer lifecycle fields ------------------------------------------------------
     @property
     def rejection_reason(self) -> str | None:
