@@ -49,11 +49,10 @@ class _Details:
 
     def __init__(self, prompt_token_ids: tuple[int, ...] | None = None,
                  prefix_block_ids: tuple[int, ...] | None = None,
-                 prefix_unit_tokens: int = DEFAULT_PREFIX_UNIT_TOKENS) -> None:
-        self.num_computed_tokens = 0
-        self.num_output_done = 0
-        self.spec_drafted = 0
-        self.spec_accepted = 0
+                 prefix_unit_tokens: int = DEFAULT_PREFIX_UNIT_TOKENS,
+                 counters: tuple[int, int, int, int] = (0, 0, 0, 0)) -> None:
+        (self.num_computed_tokens, self.num_output_done, self.spec_drafted,
+         self.spec_accepted) = counters
         self.rejection_reason: str | None = None
         self.prompt_token_ids = prompt_token_ids
         self.prefix_block_ids = prefix_block_ids
@@ -212,7 +211,10 @@ class Request:
                       accepted: int) -> None:
         """The running set that held its counters hands them back (it leaves the set)."""
         self._live = None
-        details = self._details or self._made_details()
+        details = self._details
+        if details is None:  # a request without contents: the first write of its own
+            self._details = _Details(counters=(computed, output_done, drafted, accepted))
+            return
         details.num_computed_tokens = computed
         details.num_output_done = output_done
         details.spec_drafted = drafted

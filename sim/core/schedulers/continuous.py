@@ -194,9 +194,10 @@ class ContinuousScheduler:
         if not self.chunked_prefill and request.prompt_tokens > self.max_num_batched_tokens:
             return (f"prompt {request.prompt_tokens} > max_num_batched_tokens "
                     f"{self.max_num_batched_tokens} with chunked prefill off")
+        if not self._spec.k or self._paged is not None:
+            return None
         reserve = self._reserve_tokens(request)
-        if self._spec.k and self._paged is None and reserve is not None \
-                and self.kv.blocks_for(reserve) > self.kv.num_usable_blocks:
+        if reserve is not None and self.kv.blocks_for(reserve) > self.kv.num_usable_blocks:
             return (f"reserves {reserve} KV tokens (prompt + max output + "
                     f"{self._spec.k} drafts), pool holds "
                     f"{self.kv.num_usable_blocks * self.kv.block_size}")
