@@ -34,6 +34,8 @@ from sim.core.schedulers.speculation import Speculation, emitted_each
 
 # rows of RunningBatch.state; PREFILLING: 1 when the last step left it mid-prompt (no drafts)
 COMPUTED, KNOWN, DONE, TARGET, DRAFTED, ACCEPTED, PREFILLING = range(7)
+# up to this many rows a Python pass over a column's list beats numpy's cost per call
+FEW_ROWS = 32
 # the Request counters the columns hold while it runs
 COUNTERS = {"num_computed_tokens": COMPUTED, "num_output_done": DONE,
             "spec_drafted": DRAFTED, "spec_accepted": ACCEPTED}
@@ -212,10 +214,15 @@ class RunningBatch:
         """Every running sequence is one plain decode: the saturated steady state."""
         computed = self.state[COMPUTED, :n]
         contexts = computed.tolist()
+        few = n <= FEW_ROWS
         # the next token opens a block where computed is a multiple of the block size
-        mask = self._mask
-        rows = ((computed & mask if mask >= 0 else computed % self.block_size) == 0
-                ).nonzero()[0].tolist()
+        if few:
+            bs = self.block_size
+            rows = [i for i, context in enumerate(contexts) if not context % bs]
+        else:
+            mask = self._mask
+            rows = ((computed & mask if mask >= 0 else computed % self.block_size) == 0
+                    ).nonzero()[0].tolist()
         if rows:
             rids, tables = self.rids, self.tables
             grown = kv.append_blocks([rids[i] for i in rows], len(rows))
@@ -234,8 +241,8 @@ class RunningBatch:
         step.contexts = contexts
         if n:
             step.num_decodes = n
-            step.decode_sum = int(np.add.reduce(computed))
-            step.decode_max = int(np.maximum.reduce(computed))
+            step.decode_sum = sum(contexts)
+            step.decode_max = max(contexts) if few else int(np.maximum.reduce(computed))
         self._count, self._new, self._emits, self._covers_all = n, None, None, True
         return budget - n
 
