@@ -3,6 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sim.core.plan import StepResult
 from sim.core.request import Request, RequestState
 from sim.observe.diagnose import _Waiting
 
@@ -80,3 +81,28 @@ def test_a_long_queue_is_cut_at_its_head_and_keeps_the_skipped() -> None:
     assert waiting.pop(3) is None  # taken already
     assert [readings(waiting.pop(rid))[3] for rid in (1, 0, 4999)] == [1, 0, 4999]  # ahead
     assert len(waiting) == 999
+
+
+def test_counters_come_back_from_a_running_set_and_read_as_one_tuple() -> None:
+    from sim.core.kv import PagedBlockManager
+    from sim.core.schedulers.continuous import ContinuousScheduler
+
+    fresh = Request(7, 0.0, prompt_tokens=5, output_tokens=3)
+    assert fresh.counters() == (0, 0, 0, 0)
+    sched = ContinuousScheduler(PagedBlockManager(num_blocks=16, block_size=4),
+                                max_num_seqs=4, max_num_batched_tokens=64)
+    req = Request(1, 0.0, prompt_tokens=5, output_tokens=3)
+    sched.add(req, 0.0)
+    plan = sched.schedule(0.0)
+    assert plan is not None and req.counters() == (0, 0, 0, 0)  # pre-step, while it runs
+    sched.on_step_done(plan, StepResult(), 1.0)
+    assert req.counters() == (5, 1, 0, 0)  # read from the running set's columns
+    while not req.is_done:
+        plan = sched.schedule(1.0)
+        assert plan is not None
+        sched.on_step_done(plan, StepResult(), 2.0)
+    # finished: the set handed its counters back, and the request holds them itself
+    assert req.counters() == (7, 3, 0, 0)
+    assert (req.num_computed_tokens, req.num_output_done) == (7, 3)
+    req.take_counters(1, 2, 3, 4)
+    assert req.counters() == (1, 2, 3, 4) and req.spec_accepted == 4

@@ -49,11 +49,10 @@ class _Details:
 
     def __init__(self, prompt_token_ids: tuple[int, ...] | None = None,
                  prefix_block_ids: tuple[int, ...] | None = None,
-                 prefix_unit_tokens: int = DEFAULT_PREFIX_UNIT_TOKENS) -> None:
-        self.num_computed_tokens = 0
-        self.num_output_done = 0
-        self.spec_drafted = 0
-        self.spec_accepted = 0
+                 prefix_unit_tokens: int = DEFAULT_PREFIX_UNIT_TOKENS,
+                 counters: tuple[int, int, int, int] = (0, 0, 0, 0)) -> None:
+        (self.num_computed_tokens, self.num_output_done, self.spec_drafted,
+         self.spec_accepted) = counters
         self.rejection_reason: str | None = None
         self.prompt_token_ids = prompt_token_ids
         self.prefix_block_ids = prefix_block_ids
@@ -196,6 +195,30 @@ class Request:
             self._live.set_counter(self, "spec_accepted", value)
         else:
             (self._details or self._made_details()).spec_accepted = value
+
+    def counters(self) -> tuple[int, int, int, int]:
+        """(num_computed_tokens, num_output_done, spec_drafted, spec_accepted) in one read."""
+        if self._live is not None:
+            return (self.num_computed_tokens, self.num_output_done, self.spec_drafted,
+                    self.spec_accepted)
+        details = self._details
+        if details is None:
+            return (0, 0, 0, 0)
+        return (details.num_computed_tokens, details.num_output_done, details.spec_drafted,
+                details.spec_accepted)
+
+    def take_counters(self, computed: int, output_done: int, drafted: int,
+                      accepted: int) -> None:
+        """The running set that held its counters hands them back (it leaves the set)."""
+        self._live = None
+        details = self._details
+        if details is None:  # a request without contents: the first write of its own
+            self._details = _Details(counters=(computed, output_done, drafted, accepted))
+            return
+        details.num_computed_tokens = computed
+        details.num_output_done = output_done
+        details.spec_drafted = drafted
+        details.spec_accepted = accepted
 
     # -- the rarer lifecycle fields ------------------------------------------------------
     @property

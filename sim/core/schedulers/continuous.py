@@ -194,9 +194,10 @@ class ContinuousScheduler:
         if not self.chunked_prefill and request.prompt_tokens > self.max_num_batched_tokens:
             return (f"prompt {request.prompt_tokens} > max_num_batched_tokens "
                     f"{self.max_num_batched_tokens} with chunked prefill off")
+        if not self._spec.k or self._paged is not None:
+            return None
         reserve = self._reserve_tokens(request)
-        if self._spec.k and self._paged is None and reserve is not None \
-                and self.kv.blocks_for(reserve) > self.kv.num_usable_blocks:
+        if reserve is not None and self.kv.blocks_for(reserve) > self.kv.num_usable_blocks:
             return (f"reserves {reserve} KV tokens (prompt + max output + "
                     f"{self._spec.k} drafts), pool holds "
                     f"{self.kv.num_usable_blocks * self.kv.block_size}")
@@ -219,7 +220,7 @@ class ContinuousScheduler:
         budget = batch.schedule_running(self.max_num_batched_tokens, kv, step, self._preempt,
                                         preempted, self._paged if self._prefix_cache else None)
         if not preempted:
-            self._admit(budget, step, now, bool(step.request_ids), batch.prefill_scheduled)
+            self._admit(budget, step, now, step.size > 0, batch.prefill_scheduled)
         plan = batch.pending = self._build(step, preempted)
         return plan
 
@@ -258,61 +259,69 @@ class ContinuousScheduler:
                          self._in_flight)
 
     def _build(self, step: PlanBuilder, preempted: list[int]) -> StepPlan | None:
-        self._preempted_only = not step.request_ids and bool(preempted)
-        if not step.request_ids:
+        self._preempted_only = not step.size and bool(preempted)
+        if not step.size:
             return None
         if self._swap_out_pending:
             step.swap_out_tokens, self._swap_out_pending = self._swap_out_pending, 0
         padded = 0
         if self._graph_sizes and not step.chunk_tokens and step.spec is None:
-            padded = padded_batch_size(len(step.request_ids), self._graph_sizes)
-        return step.build(tuple(preempted), padded)
+            padded = padded_batch_size(step.size, self._graph_sizes)
+        return step.build(self._batch.rids, self._batch.tables, tuple(preempted), padded)
 
     def _admit(self, room: int, step: PlanBuilder, now: float, running_scheduled: bool,
                prefill_scheduled: bool) -> None:
         """Admit waiting requests FCFS while budget, seats and blocks last."""
         self.kv_blocked = False
-        kv, waiting, running, batch, spec = self.kv, self.waiting, self.running, self._batch, \
-            self._spec
-        prefix_cache, slots = self._prefix_cache, spec.draft_slots
+        waiting, running, spec = self.waiting, self.running, self._spec
+        slots = spec.draft_slots
+        if not waiting or room <= slots or len(running) >= self.max_num_seqs:
+            return
+        kv, batch, k, in_flight = self.kv, self._batch, spec.k, self._in_flight
+        prefix_cache = self._prefix_cache
         naming = self._paged if prefix_cache else None
         paged = self._paged if self._swap else None
+        contiguous = self._paged is None  # only a contiguous pool reserves up front
+        full_isl = self.scheduler_reserve_full_isl
         while waiting and room > slots and len(running) < self.max_num_seqs:
             avail = room - slots
             req = waiting[0]
-            computed = req.num_computed_tokens
-            swapped = paged is not None and paged.is_swapped(req.request_id)
+            rid = req.request_id
+            counters = req.counters()
+            computed = context = counters[0]  # context: the KV before the step (hits aside)
+            done = counters[1]
+            swapped = paged is not None and paged.is_swapped(rid)
             if prefix_cache and not computed:
                 computed = kv.cached_prefix_tokens(req)
-            known = req.num_known_tokens
+            known = req.prompt_tokens + done
             new = known - computed
             drafts = 0
-            if spec.k and new == 1 and spec.pads(computed, running_scheduled,
-                                                 prefill_scheduled):
+            if k and new == 1 and spec.pads(computed, running_scheduled, prefill_scheduled):
                 # vLLM pads a decode admitted among decodes to 1 + k (CUDA-graph shape)
-                if 1 + spec.k > avail:
+                if 1 + k > avail:
                     break
-                new, drafts = 1 + spec.k, spec.k
+                new, drafts = 1 + k, k
             if new > avail:
                 # without chunking a prefill waits for a step with room, unless it can
                 # never have room (a recompute longer than the whole budget): chunk it
                 if not self.chunked_prefill and new <= self.max_num_batched_tokens - slots:
                     break
                 new = avail
-            full = known if self.scheduler_reserve_full_isl else None
+            full = known if full_isl else None
+            need = spec.slots(computed + new) if k else computed + new
             if swapped:
                 assert paged is not None
-                moved = paged.swap_in(req.request_id, spec.slots(computed + new),
-                                      bool(running), req if prefix_cache else None, full)
+                moved = paged.swap_in(rid, need, bool(running), req if prefix_cache else None,
+                                      full)
                 if moved < 0:
                     self.kv_blocked = True
                     self._blocked = (req, kv.num_free_blocks)
                     break
                 step.swap_in_tokens += moved * kv.block_size
             else:
-                hits = kv.allocate(req.request_id, spec.slots(computed + new),
-                                   use_watermark=bool(running),
-                                   reserve_tokens=self._reserve_tokens(req),
+                hits = kv.allocate(rid, need, use_watermark=bool(running),
+                                   reserve_tokens=self._reserve_tokens(req) if contiguous
+                                   else None,
                                    request=req if prefix_cache else None,
                                    full_sequence_tokens=full)
                 if hits < 0:
@@ -320,20 +329,20 @@ class ContinuousScheduler:
                     self._blocked = (req, kv.num_free_blocks)
                     break
                 if hits:  # only from zero computed tokens: the lookup above saw the same
-                    req.num_computed_tokens = hits
+                    req.num_computed_tokens = context = hits
+                    counters = (hits, done, counters[2], counters[3])
             if naming is not None:
-                naming.cache_computed(req.request_id, min(computed + new, known))
-            if req.first_scheduled_s is None:
-                req.prefix_hit_tokens = req.num_computed_tokens
+                naming.cache_computed(rid, min(computed + new, known))
             waiting.popleft()
             running.append(req)
             req.state = RequestState.RUNNING
             if req.first_scheduled_s is None:
+                req.prefix_hit_tokens = context
                 req.first_scheduled_s = now
-                self._in_flight[req.request_id] = req
-            table = kv.block_table(req.request_id)
-            step.add(req, new, table, drafts)
-            batch.admitted(req, table, new, drafts)
+                in_flight[rid] = req
+            table = kv.block_table(rid)
+            step.add(new, context, known, done, drafts)
+            batch.admitted(req, table, new, counters, context + new - drafts == known)
             room -= new + slots
 
     def _preempt(self, req: Request) -> None:

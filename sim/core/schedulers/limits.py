@@ -44,16 +44,23 @@ class LengthLimits:
         return total if self.max_model_len is None else min(total, self.max_model_len)
 
     def never_fits(self, request: Request, kv: KVManager) -> str | None:
-        """Why `request` can never run on `kv`, or None."""
-        total = request.prompt_tokens + request.output_tokens
-        if self.max_model_len is not None and total > self.max_model_len:
-            return f"prompt+output {total} > max_model_len {self.max_model_len}"
-        if self.max_output_tokens is not None and request.output_tokens > self.max_output_tokens:
-            return f"output {request.output_tokens} > max_output_tokens {self.max_output_tokens}"
-        peak = kv.peak_tokens(request.max_kv_tokens, self.reserve_tokens(request))
+        """Why `request` can never run on `kv`, or None (asked once per arrival)."""
+        prompt, output = request.prompt_tokens, request.output_tokens
+        total = prompt + output
+        max_len, max_output = self.max_model_len, self.max_output_tokens
+        if max_len is not None and total > max_len:
+            return f"prompt+output {total} > max_model_len {max_len}"
+        if max_output is None:
+            reserve = max_len
+        else:
+            if output > max_output:
+                return f"output {output} > max_output_tokens {max_output}"
+            reserve = prompt + max_output if max_len is None else min(prompt + max_output,
+                                                                       max_len)
+        peak = kv.peak_tokens(total - 1, reserve)  # total - 1: request.max_kv_tokens
         if kv.blocks_for(peak) > kv.num_usable_blocks:
             pool = kv.num_usable_blocks * kv.block_size
-            if peak > request.max_kv_tokens:
+            if peak > total - 1:
                 return f"reserves {peak} KV tokens (prompt + max output), pool holds {pool}"
             return f"needs {peak} KV tokens, pool holds {pool}"
         return None

@@ -34,6 +34,8 @@ from sim.core.schedulers.speculation import Speculation, emitted_each
 
 # rows of RunningBatch.state; PREFILLING: 1 when the last step left it mid-prompt (no drafts)
 COMPUTED, KNOWN, DONE, TARGET, DRAFTED, ACCEPTED, PREFILLING = range(7)
+# up to this many rows a Python pass over a column's list beats numpy's cost per call
+FEW_ROWS = 32
 # the Request counters the columns hold while it runs
 COUNTERS = {"num_computed_tokens": COMPUTED, "num_output_done": DONE,
             "spec_drafted": DRAFTED, "spec_accepted": ACCEPTED}
@@ -44,13 +46,15 @@ class RunningBatch:
 
     __slots__ = ("reqs", "rids", "tables", "state", "block_size", "spec", "pending",
                  "prefill_scheduled", "_count", "_new", "_emits", "_first_rows", "_admitted",
-                 "_covers_all", "_all_decode")
+                 "_held", "_covers_all", "_all_decode", "_mask")
 
     def __init__(self, running: list[Request], kv: KVManager, spec: Speculation) -> None:
         self.reqs = running  # the scheduler's list, shared: admission order, last = next victim
         self.rids = [r.request_id for r in running]
         self.tables = [kv.block_table(rid) for rid in self.rids]
-        self.block_size = kv.block_size
+        self.block_size = bs = kv.block_size
+        # x & _mask == x % block_size for a power-of-two block size (-1: use %)
+        self._mask = bs - 1 if not bs & (bs - 1) else -1
         self.spec = spec  # the scheduler's: k may change between steps
         self.state = np.zeros((7, max(16, 2 * len(running))), dtype=np.int64)
         for i, r in enumerate(running):
@@ -61,12 +65,14 @@ class RunningBatch:
         self.prefill_scheduled = False  # a scheduled running sequence is mid-prompt (pads())
         self.pending: StepPlan | None = None  # the plan on_step_done may apply with apply()
         # the step being scheduled/applied: rows [0, _count) in bulk (_new is None when
-        # every one is a plain decode), then the _admitted rows one by one
+        # every one is a plain decode), then the rows the _admitted requests took after
+        # them, in order; `_held`: (row, new tokens) of those among them that do not emit
         self._count = 0
         self._new: np.ndarray | None = None
         self._emits: np.ndarray | None = None
         self._first_rows: list[int] = []
-        self._admitted: list[tuple[int, int, bool]] = []
+        self._admitted: list[Request] = []
+        self._held: list[tuple[int, int]] = []
         # a plan that covers every row and makes each emit leaves only plain decodes
         self._covers_all = False
         self._all_decode = False  # true between apply() of such a plan and the next schedule
@@ -84,25 +90,31 @@ class RunningBatch:
     def _write_back(self, req: Request, row: int) -> None:
         """Hand a leaving request its counters: its own again from now on."""
         computed, _, done, _, drafted, accepted, _ = self.state[:, row].tolist()
-        req._live = None  # noqa: SLF001
-        req.num_computed_tokens = computed
-        req.num_output_done = done
-        req.spec_drafted = drafted
-        req.spec_accepted = accepted
+        req.take_counters(computed, done, drafted, accepted)
 
-    def admitted(self, req: Request, table: tuple[int, ...], new: int, drafts: int = 0) -> None:
-        """Give a request just appended to the shared list (exact counters) its columns;
-        `drafts` of its `new` tokens are drafts (a padded admission)."""
+    def admitted(self, req: Request, table: tuple[int, ...], new: int,
+                 counters: tuple[int, int, int, int], emits: bool) -> None:
+        """Give a request just appended to the shared list its columns: `counters` are its
+        (computed, output done, drafted, accepted) before the step, `new` the tokens it is
+        scheduled, `emits` whether they bring it to its known tokens."""
         row = len(self.reqs) - 1
-        assert self.reqs[row] is req
+        assert self.reqs[row] is req and row == self._count + len(self._admitted)
         if row == self.state.shape[1]:
             self.state = np.concatenate((self.state, np.zeros_like(self.state)), axis=1)
-        known = req.prompt_tokens + req.num_output_done
-        self.state[:, row] = (req.num_computed_tokens, known, req.num_output_done,
-                              req.output_tokens, req.spec_drafted, req.spec_accepted, 0)
+        computed, done, drafted, accepted = counters
+        column = self.state[:, row]
+        column[COMPUTED] = computed
+        column[KNOWN] = req.prompt_tokens + done
+        column[DONE] = done
+        column[TARGET] = req.output_tokens
+        column[DRAFTED] = drafted
+        column[ACCEPTED] = accepted
+        column[PREFILLING] = 0
         self.rids.append(req.request_id)
         self.tables.append(table)
-        self._admitted.append((row, new, req.num_computed_tokens + new - drafts == known))
+        self._admitted.append(req)
+        if not emits:
+            self._held.append((row, new))
         req._live = self  # noqa: SLF001 - the counters now live here
 
     def _pop_tail(self) -> Request:
@@ -136,6 +148,7 @@ class RunningBatch:
         the call (drafts are never named).
         """
         self._admitted = []
+        self._held = []
         self.prefill_scheduled = False
         all_decode, self._all_decode = self._all_decode, False
         n = len(self.reqs)
@@ -201,8 +214,15 @@ class RunningBatch:
         """Every running sequence is one plain decode: the saturated steady state."""
         computed = self.state[COMPUTED, :n]
         contexts = computed.tolist()
+        few = n <= FEW_ROWS
         # the next token opens a block where computed is a multiple of the block size
-        rows = (computed % self.block_size == 0).nonzero()[0].tolist()
+        if few:
+            bs = self.block_size
+            rows = [i for i, context in enumerate(contexts) if not context % bs]
+        else:
+            mask = self._mask
+            rows = ((computed & mask if mask >= 0 else computed % self.block_size) == 0
+                    ).nonzero()[0].tolist()
         if rows:
             rids, tables = self.rids, self.tables
             grown = kv.append_blocks([rids[i] for i in rows], len(rows))
@@ -217,16 +237,12 @@ class RunningBatch:
         if naming is not None:  # the decoded token fills its block
             for i in ((computed + 1) % self.block_size == 0).nonzero()[0].tolist():
                 naming.cache_computed(self.rids[i], contexts[i] + 1)
-        step.request_ids = self.rids[:n]
-        step.num_new = [1] * n
+        step.size = step.decodes = n
         step.contexts = contexts
-        step.tables = self.tables[:n]
-        step.prefills = [False] * n
-        step.emits = [True] * n
         if n:
             step.num_decodes = n
-            step.decode_sum = int(np.add.reduce(computed))
-            step.decode_max = int(np.maximum.reduce(computed))
+            step.decode_sum = sum(contexts)
+            step.decode_max = max(contexts) if few else int(np.maximum.reduce(computed))
         self._count, self._new, self._emits, self._covers_all = n, None, None, True
         return budget - n
 
@@ -261,10 +277,9 @@ class RunningBatch:
         decode = (remaining == 1) & (self.state[DONE, :count] > 0)  # then own == 1 too
         emits = own == remaining
         num_decodes = int(np.count_nonzero(decode))
-        step.request_ids = self.rids[:count]
+        step.size = count
         step.num_new = new.tolist()
         step.contexts = computed.tolist()
-        step.tables = self.tables[:count]
         step.emits = emits.tolist()
         if num_decodes:
             contexts = computed[decode]
@@ -295,44 +310,64 @@ class RunningBatch:
 
         The pending plan without speculation (the hot path) is applied from what
         schedule_running kept; a speculative step, or any other plan (an older one,
-        by request id), column by column in _apply_each.
+        by request id), column by column in _apply_each. A row that emits computed
+        up to its known tokens (a plain decode's one, an admission's prompt): its
+        computed becomes its known count, then known and done grow by one.
         """
         if plan is not self.pending:
             row_of = {rid: i for i, rid in enumerate(self.rids)}
             return self._apply_each(plan, [row_of[rid] for rid in plan.request_ids], result,
                                     now, kv, in_flight)
+        count, admitted = self._count, self._admitted
+        rows = count + len(admitted)
         if plan.num_spec_tokens or result.num_emitted or self.spec.k:
-            rows = list(range(self._count)) + [row for row, _, _ in self._admitted]
-            return self._apply_each(plan, rows, result, now, kv, in_flight)
-        state, reqs, count = self.state, self.reqs, self._count
-        if self._new is None:
-            state[COMPUTED:DONE + 1, :count] += 1  # plain decodes: one token in, one out
-        elif count:
-            state[COMPUTED, :count] += self._new
-            state[KNOWN, :count] += self._emits
-            state[DONE, :count] += self._emits
-            for i in self._first_rows:
-                req = reqs[i]
-                if req.first_token_s is None:
-                    req.first_token_s = now
-        all_emit = self._covers_all
-        for row, new, emits in self._admitted:
-            req = reqs[row]
-            computed, _, done = state[COMPUTED:DONE + 1, row].tolist()  # its live counters
-            done += emits
-            state[COMPUTED:DONE + 1, row] = (computed + new, req.prompt_tokens + done, done)
-            if emits:
-                if req.first_token_s is None:
-                    req.first_token_s = now
-            else:
-                all_emit = False
-        self._all_decode = all_emit
-        rows = count + len(self._admitted)
+            return self._apply_each(plan, list(range(rows)), result, now, kv, in_flight)
+        state, held, new = self.state, self._held, self._new
+        if new is None and not held:  # every row emits: one pass over them all
+            state[COMPUTED, :rows] = state[KNOWN, :rows]
+            state[KNOWN:DONE + 1, :rows] += 1
+        else:
+            if new is None:
+                state[COMPUTED:DONE + 1, :count] += 1  # plain decodes: one token in, one out
+            elif count:
+                state[COMPUTED, :count] += new
+                state[KNOWN, :count] += self._emits
+                state[DONE, :count] += self._emits
+                reqs = self.reqs
+                for i in self._first_rows:
+                    req = reqs[i]
+                    if req.first_token_s is None:
+                        req.first_token_s = now
+            if held:
+                self._apply_admitted_each(now)
+                admitted = []
+            elif admitted:
+                state[COMPUTED, count:rows] = state[KNOWN, count:rows]
+                state[KNOWN:DONE + 1, count:rows] += 1
+        for req in admitted:
+            if req.first_token_s is None:
+                req.first_token_s = now
+        self._all_decode = self._covers_all and not held
         self.pending = None
         finished = (state[DONE, :rows] == state[TARGET, :rows]).nonzero()[0]
         if not finished.size:
             return []
         return self.retire(finished.tolist(), now, kv, in_flight)
+
+    def _apply_admitted_each(self, now: float) -> None:
+        """Apply the admitted rows one by one, some of which did not emit (`_held`)."""
+        state, count, held = self.state, self._count, dict(self._held)
+        for j, req in enumerate(self._admitted):
+            row = count + j
+            new = held.get(row)
+            if new is not None:  # a chunk short of its known tokens: computed only
+                state[COMPUTED, row] += new
+                continue
+            state[COMPUTED, row] = state[KNOWN, row]
+            state[KNOWN, row] += 1
+            state[DONE, row] += 1
+            if req.first_token_s is None:
+                req.first_token_s = now
 
     def _apply_each(self, plan: StepPlan, rows: list[int], result: StepResult, now: float,
                     kv: KVManager, in_flight: dict[int, Request]) -> list[Request]:
@@ -369,26 +404,29 @@ class RunningBatch:
         return self.retire([rows[j] for j in finished.tolist()], now, kv, in_flight)
 
     def retire(self, rows: list[int], now: float, kv: KVManager,
-                in_flight: dict[int, Request]) -> list[Request]:
+               in_flight: dict[int, Request]) -> list[Request]:
         """Finish these rows in plan order (block frees are ordered), then compact."""
-        state, reqs = self.state, self.reqs
+        state, reqs, rids, tables = self.state, self.reqs, self.rids, self.tables
         n = len(reqs)
-        finished: list[Request] = []
-        for i in rows:
-            req = reqs[i]
-            self._write_back(req, i)
+        finished = [reqs[i] for i in rows]
+        free = kv.free
+        for req, i in zip(finished, rows, strict=True):
+            computed, _, done, _, drafted, accepted, _ = state[:, i].tolist()
+            req.take_counters(computed, done, drafted, accepted)
             req.state = RequestState.FINISHED
             req.finish_s = now
-            kv.free(req.request_id)
-            del in_flight[req.request_id]
-            finished.append(req)
-        for i in reversed(rows):
-            del reqs[i], self.rids[i], self.tables[i]
+            rid = rids[i]
+            free(rid)
+            del in_flight[rid]
         if len(rows) <= 4:  # usually one or two: shift the tail left over each
             for i in reversed(rows):
-                state[:, i:n - 1] = state[:, i + 1:n]
+                del reqs[i], rids[i], tables[i]
                 n -= 1
+                if i < n:
+                    state[:, i:n] = state[:, i + 1:n + 1]
         else:
+            for i in reversed(rows):
+                del reqs[i], rids[i], tables[i]
             keep = np.ones(n, dtype=bool)
             keep[rows] = False
             state[:, :n - len(rows)] = state[:, :n][:, keep]
