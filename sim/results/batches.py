@@ -276,7 +276,7 @@ class RequestBatches:
         The requests go in pieces between the widenings add() makes (before the same
         request), so within a piece every batch is of one width; a batch's sums add its
         requests' times in order (`add_in_order`) and its latencies' moments follow them
-        one by one (`Latency.add_many`).
+        one by one (`Latency.add_keyed`).
         """
         leave_s = np.where(finished, finish_s, arrival_s)
         total, pos, top = len(arrival_s), 0, self.max_batches

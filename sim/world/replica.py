@@ -361,11 +361,9 @@ class Replica:
         (all of them if it ends sooner): segment by segment, a segment's steps at least its
         first one's long (contexts only grow), so no more are priced than can run."""
         price, step_time = self.latency.decode_run_s, self.latency.step_time
-        segments = run.segments or ((0, run.shape),)
         pieces: list = [(now_s,)]
         within_s = at_s - now_s
-        for j, (start, shape) in enumerate(segments):
-            steps = (segments[j + 1][0] if j + 1 < len(segments) else run.steps) - start
+        for _, steps, shape in run.segment_lengths():
             if within_s == math.inf:
                 pieces.append(price(shape, steps))
                 continue

@@ -411,8 +411,7 @@ class RunningBatch:
         finished = [reqs[i] for i in rows]
         free = kv.free
         for req, i in zip(finished, rows, strict=True):
-            computed, _, done, _, drafted, accepted, _ = state[:, i].tolist()
-            req.take_counters(computed, done, drafted, accepted)
+            self._write_back(req, i)
             req.state = RequestState.FINISHED
             req.finish_s = now
             rid = rids[i]
