@@ -20,7 +20,8 @@ from sim.results.files import write_run_files
 from sim.results.metrics import RunRecorder
 from sim.results.report import format_summary, jsonable
 from sim.results.slo import SLO
-from sim.results.stats import LogHistogram, TimeBuckets, describe_ms, weighted_percentiles
+from sim.results.stats import LogHistogram, describe_ms, weighted_percentiles
+from sim.results.time_buckets import TimeBuckets
 
 
 def write_outputs(rec: RunRecorder, out_dir: Path, summary: dict, plots: bool = True

@@ -14,8 +14,9 @@ from sim.core.plan import StepPlan, StepShape
 from sim.results.inorder import EDGE, add_in_order, floor_log
 from sim.results.itl_slices import ITLSlices
 from sim.results.metrics import RunRecorder
-from sim.results.stats import LogHistogram, TimeBuckets
+from sim.results.stats import LogHistogram
 from sim.results.step_buffer import StepBuffer
+from sim.results.time_buckets import TimeBuckets
 
 _SCALE = 1.0 / math.log1p(1e-3)
 

@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from sim.results.batches import Batch, Latency, Moments, RequestBatches
+from sim.results.batches import Batch, RequestBatches
 from sim.results.intervals import Interval, pooled, spread_interval
 from sim.results.itl_slices import ITLSlices
+from sim.results.latency_samples import Latency, Moments
 from sim.results.steady_state import Window, mann_kendall, weighted_mser_cut
 
 NUM_BATCHES = 20
