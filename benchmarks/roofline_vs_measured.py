@@ -2,7 +2,7 @@
 
 For every fixture (source, device, model, tp) it prices the linear-op stack
 of 1..4,096 token rows with the default roofline's GEMM and small-kernel
-terms (sim.latency.roofline_terms, the family's fit; no step overhead,
+terms (sim.latency.roofline_terms, the family's fit in roofline_fits; no step overhead,
 all-reduce, lm_head or attention: what the tables time)
 and prints the signed error roofline / measured - 1 (negative: roofline too
 fast) with its median, 95th percentile of |error| and worst row; then decode
@@ -46,7 +46,7 @@ from calibrate.roofline_check import (
     linear_stack_s,
     linear_stack_terms,
 )
-from sim.latency.roofline_terms import FAMILIES
+from sim.latency.roofline_fits import FAMILIES
 
 MAX_ROWS = 4096
 PROBE_ROWS = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096)

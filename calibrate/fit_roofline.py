@@ -23,7 +23,7 @@ H100) it fits, by least squares on log(roofline / measured):
 
 then prints train and held-out errors per fixture. CodeLlama-34B on A100 is
 never fitted on: the system-level check (docs/roofline.md) replays it. The
-printed constants are what sim.latency.roofline_terms.FAMILIES holds.
+printed constants are what sim.latency.roofline_fits.FAMILIES holds.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ from calibrate.roofline_check import (
     device_hardware,
     shape_dims,
 )
+from sim.latency.roofline_fits import RooflineParams
 from sim.latency.roofline_terms import (
-    RooflineParams,
     decode_attention_s,
     layer_gemms_s,
     prefill_attention_s,
@@ -307,7 +307,7 @@ def _run(args: argparse.Namespace) -> int:
         print(summary_line(f"CPU overhead, {'held out (CodeLlama-34B)' if held_out else 'train'}",
                            e, list(_host_points(args.root, held_out)[0].astype(int))))
     print()
-    print("sim.latency.roofline_terms.FAMILIES (fitted_on aside):")
+    print("sim.latency.roofline_fits.FAMILIES (fitted_on aside):")
     for family, p in fitted.items():
         values = ", ".join(f"{f.name}={getattr(p, f.name):.4g}" for f in dataclasses.fields(p)
                            if f.name not in ("family", "fitted_on"))

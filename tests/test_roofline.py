@@ -158,7 +158,7 @@ def test_remembered_parts_price_as_a_fresh_model(steps: list[StepShape]) -> None
 
 
 def test_remembered_parts_stay_bounded() -> None:
-    from sim.latency.roofline import MEMO_SHAPES
+    from sim.latency.roofline_parts import MEMO_SHAPES
 
     model = RooflineLatency(LLAMA_8B, H100)
     for batch in range(1, MEMO_SHAPES + 50):

@@ -19,7 +19,8 @@ from calibrate.roofline_check import (
 from sim.config.catalogue import get_hardware, get_model
 from sim.core.plan import StepShape
 from sim.latency.roofline import RooflineLatency, model_dims
-from sim.latency.roofline_terms import layer_gemms_s, params_for, small_kernels_s
+from sim.latency.roofline_fits import params_for
+from sim.latency.roofline_terms import layer_gemms_s, small_kernels_s
 
 
 def _shape(name: str) -> ModelShape:

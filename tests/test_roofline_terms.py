@@ -10,15 +10,13 @@ import pytest
 from sim.config.catalogue import HARDWARE, get_hardware, get_model
 from sim.core.plan import StepShape
 from sim.latency.roofline import RooflineLatency, model_dims
+from sim.latency.roofline_fits import FAMILIES, family_of, params_for
 from sim.latency.roofline_terms import (
-    FAMILIES,
     attention_costs,
     cpu_overhead_s,
     decode_attention_s,
-    family_of,
     gemm_cost,
     gemm_s,
-    params_for,
     prefill_attention_s,
     soft_max,
 )

@@ -68,7 +68,7 @@ def _check(errors: dict[str, tuple[np.ndarray, tuple[float, float, float]]]) -> 
 
 def _stack_errors(device: str) -> dict[str, tuple[np.ndarray, tuple[float, float, float]]]:
     from calibrate.fit_roofline import FAMILY_OF_DEVICE, MAX_ROWS, stack_errors
-    from sim.latency.roofline_terms import FAMILIES
+    from sim.latency.roofline_fits import FAMILIES
 
     groups = {f: tuple(r for r in rows if r.num_tokens <= MAX_ROWS)
               for f, rows in by_fixture(load_linear_ops()).items() if f.device == device}
@@ -103,7 +103,7 @@ def _attention() -> tuple[list, list, list]:
 
 def test_h100_attention_holds_the_issue_bounds() -> None:
     from calibrate.fit_roofline import attention_errors
-    from sim.latency.roofline_terms import FAMILIES
+    from sim.latency.roofline_fits import FAMILIES
 
     decode, _, prefill = _attention()
     hopper = FAMILIES["hopper"]

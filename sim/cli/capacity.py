@@ -228,7 +228,7 @@ def _roofline_decode(model: ModelSpec, hw: HardwareSpec, tp: int, ep: int, r: di
     """What the default latency model says one decode step of the sheet's batch takes."""
     from sim.core.plan import StepShape
     from sim.latency.roofline import RooflineLatency
-    from sim.latency.roofline_terms import family_of
+    from sim.latency.roofline_fits import family_of
 
     roofline = RooflineLatency(model, hw, tp=tp, ep=ep)
     batch, ctx = r["batch_size"], r["context_tokens"]
