@@ -20,7 +20,7 @@ from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import PagedBlockManager
 from sim.core.request import Request
 from sim.core.schedulers.batch_runs import _take_blocks
-from sim.core.schedulers.running_batch import COMPUTED
+from sim.core.schedulers.running_columns import COMPUTED
 
 BS = 4
 

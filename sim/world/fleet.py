@@ -23,8 +23,9 @@ from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
 from sim.observe.trace import StepObserver
 from sim.results.metrics import RunRecorder
+from sim.world.fast_forward import NextArrival
 from sim.world.fleet_log import FleetLog
-from sim.world.replica import NextArrival, Replica, ReplicaSetup
+from sim.world.replica import Replica, ReplicaSetup
 from sim.world.router import Router
 
 

@@ -23,7 +23,8 @@ from sim.core.decode_run import DecodeRun, FinishStep, RunSegment, decode_shape
 from sim.core.kv import KVManager, PagedBlockManager
 from sim.core.plan import StepPlan, StepShape
 from sim.core.request import Request
-from sim.core.schedulers.running_batch import COMPUTED, DONE, TARGET, RunningBatch
+from sim.core.schedulers.running_batch import RunningBatch
+from sim.core.schedulers.running_columns import COMPUTED, DONE, TARGET
 
 
 def describe_run(batch: RunningBatch, kv: KVManager, paged: bool,

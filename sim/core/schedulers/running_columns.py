@@ -1,0 +1,268 @@
+"""The continuous scheduler's running set as a struct of numpy arrays: its columns.
+
+Why: at batch sizes in the hundreds, per-sequence Python work in schedule() and
+on_step_done() dominated the simulator (~2.7 us per sequence per step). Here a
+step is a fixed number of numpy operations whatever the batch size; Python
+touches only the sequences that need a new KV block (about one in block_size),
+emit their first token, finish, are preempted or are newly admitted. It is the
+only running set: speculative decoding is columns too (k_i per sequence, the
+drafted and accepted counts, whether a sequence is still prefilling).
+
+A running request's progress (computed and emitted tokens, speculation counts)
+lives in these columns: its Request reads and writes them here while it runs
+(`Request._live`, sim.core.request.LiveCounters) and takes them back when it
+leaves the set (finished, preempted, aborted), so a Request is exact at any time
+and no step writes one.
+
+Without speculation, after every applied step a running table holds exactly
+ceil(computed / block size) blocks (blocks are only ever added to cover the
+tokens a step computes), so a plain decode needs a block exactly when computed
+is a multiple of it. Speculation's rolled-back drafts may leave more blocks.
+
+This module is the columns' bookkeeping: who is running (admitted, removed,
+preempted from the tail), their counters, how a step's outcome advances them
+(apply) and who retires. Which tokens each running sequence gets in a step, vLLM's
+running-set rule, is running_batch.py's RunningBatch, built on this class: it
+reads the columns and leaves what it scheduled for apply().
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.core.kv import KVManager
+from sim.core.plan import StepPlan, StepResult
+from sim.core.request import Request, RequestState
+from sim.core.schedulers.speculation import Speculation, emitted_each
+
+# rows of RunningColumns.state; PREFILLING: 1 when the last step left it mid-prompt (no drafts)
+COMPUTED, KNOWN, DONE, TARGET, DRAFTED, ACCEPTED, PREFILLING = range(7)
+# the Request counters the columns hold while it runs
+COUNTERS = {"num_computed_tokens": COMPUTED, "num_output_done": DONE,
+            "spec_drafted": DRAFTED, "spec_accepted": ACCEPTED}
+
+
+class RunningColumns:
+    """Per-sequence counters in one (7, capacity) int64 array, aligned with Python lists."""
+
+    __slots__ = ("reqs", "rids", "tables", "state", "block_size", "spec", "pending",
+                 "prefill_scheduled", "_count", "_new", "_emits", "_first_rows", "_admitted",
+                 "_held", "_covers_all", "_all_decode", "_mask")
+
+    def __init__(self, running: list[Request], kv: KVManager, spec: Speculation) -> None:
+        self.reqs = running  # the scheduler's list, shared: admission order, last = next victim
+        self.rids = [r.request_id for r in running]
+        self.tables = [kv.block_table(rid) for rid in self.rids]
+        self.block_size = bs = kv.block_size
+        # x & _mask == x % block_size for a power-of-two block size (-1: use %)
+        self._mask = bs - 1 if not bs & (bs - 1) else -1
+        self.spec = spec  # the scheduler's: k may change between steps
+        self.state = np.zeros((7, max(16, 2 * len(running))), dtype=np.int64)
+        for i, r in enumerate(running):
+            self.state[:, i] = (r.num_computed_tokens, r.prompt_tokens + r.num_output_done,
+                                r.num_output_done, r.output_tokens, r.spec_drafted,
+                                r.spec_accepted, 0)
+            r._live = self  # noqa: SLF001 - the counters now live here
+        self.prefill_scheduled = False  # a scheduled running sequence is mid-prompt (pads())
+        self.pending: StepPlan | None = None  # the plan on_step_done may apply with apply()
+        # the step being scheduled/applied: rows [0, _count) in bulk (_new is None when
+        # every one is a plain decode), then the rows the _admitted requests took after
+        # them, in order; `_held`: (row, new tokens) of those among them that do not emit
+        self._count = 0
+        self._new: np.ndarray | None = None
+        self._emits: np.ndarray | None = None
+        self._first_rows: list[int] = []
+        self._admitted: list[Request] = []
+        self._held: list[tuple[int, int]] = []
+        # a plan that covers every row and makes each emit leaves only plain decodes
+        self._covers_all = False
+        self._all_decode = False  # true between apply() of such a plan and the next schedule
+
+    # -- a running Request's counters (sim.core.request.LiveCounters) ----------------
+    def counter(self, request: Request, name: str) -> int:
+        return int(self.state[COUNTERS[name], self.reqs.index(request)])
+
+    def set_counter(self, request: Request, name: str, value: int) -> None:
+        row = self.reqs.index(request)
+        if name == "num_output_done":
+            self.state[KNOWN, row] = request.prompt_tokens + value
+        self.state[COUNTERS[name], row] = value
+
+    def _write_back(self, req: Request, row: int) -> None:
+        """Hand a leaving request its counters: its own again from now on."""
+        computed, _, done, _, drafted, accepted, _ = self.state[:, row].tolist()
+        req.take_counters(computed, done, drafted, accepted)
+
+    def admitted(self, req: Request, table: tuple[int, ...], new: int,
+                 counters: tuple[int, int, int, int], emits: bool) -> None:
+        """Give a request just appended to the shared list its columns: `counters` are its
+        (computed, output done, drafted, accepted) before the step, `new` the tokens it is
+        scheduled, `emits` whether they bring it to its known tokens."""
+        row = len(self.reqs) - 1
+        assert self.reqs[row] is req and row == self._count + len(self._admitted)
+        if row == self.state.shape[1]:
+            self.state = np.concatenate((self.state, np.zeros_like(self.state)), axis=1)
+        computed, done, drafted, accepted = counters
+        column = self.state[:, row]
+        column[COMPUTED] = computed
+        column[KNOWN] = req.prompt_tokens + done
+        column[DONE] = done
+        column[TARGET] = req.output_tokens
+        column[DRAFTED] = drafted
+        column[ACCEPTED] = accepted
+        column[PREFILLING] = 0
+        self.rids.append(req.request_id)
+        self.tables.append(table)
+        self._admitted.append(req)
+        if not emits:
+            self._held.append((row, new))
+        req._live = self  # noqa: SLF001 - the counters now live here
+
+    def _pop_tail(self) -> Request:
+        """Remove the most recently admitted request, synced, for preemption."""
+        row = len(self.reqs) - 1
+        req = self.reqs.pop()
+        self.rids.pop()
+        self.tables.pop()
+        self._write_back(req, row)  # swap keeps the counters
+        return req
+
+    def remove(self, req: Request) -> None:
+        """Take a running request out between steps (an abort), synced."""
+        row = self.reqs.index(req)
+        self._write_back(req, row)
+        n = len(self.reqs)
+        del self.reqs[row], self.rids[row], self.tables[row]
+        self.state[:, row:n - 1] = self.state[:, row + 1:n]
+
+    def apply(self, plan: StepPlan, result: StepResult, now: float, kv: KVManager,
+              in_flight: dict[int, Request]) -> list[Request]:
+        """Apply a step: advance counters, stamp first tokens, retire the finished.
+
+        The pending plan without speculation (the hot path) is applied from what
+        schedule_running kept; a speculative step, or any other plan (an older one,
+        by request id), column by column in _apply_each. A row that emits computed
+        up to its known tokens (a plain decode's one, an admission's prompt): its
+        computed becomes its known count, then known and done grow by one.
+        """
+        if plan is not self.pending:
+            row_of = {rid: i for i, rid in enumerate(self.rids)}
+            return self._apply_each(plan, [row_of[rid] for rid in plan.request_ids], result,
+                                    now, kv, in_flight)
+        count, admitted = self._count, self._admitted
+        rows = count + len(admitted)
+        if plan.num_spec_tokens or result.num_emitted or self.spec.k:
+            return self._apply_each(plan, list(range(rows)), result, now, kv, in_flight)
+        state, held, new = self.state, self._held, self._new
+        if new is None and not held:  # every row emits: one pass over them all
+            state[COMPUTED, :rows] = state[KNOWN, :rows]
+            state[KNOWN:DONE + 1, :rows] += 1
+        else:
+            if new is None:
+                state[COMPUTED:DONE + 1, :count] += 1  # plain decodes: one token in, one out
+            elif count:
+                state[COMPUTED, :count] += new
+                state[KNOWN, :count] += self._emits
+                state[DONE, :count] += self._emits
+                reqs = self.reqs
+                for i in self._first_rows:
+                    req = reqs[i]
+                    if req.first_token_s is None:
+                        req.first_token_s = now
+            if held:
+                self._apply_admitted_each(now)
+                admitted = []
+            elif admitted:
+                state[COMPUTED, count:rows] = state[KNOWN, count:rows]
+                state[KNOWN:DONE + 1, count:rows] += 1
+        for req in admitted:
+            if req.first_token_s is None:
+                req.first_token_s = now
+        self._all_decode = self._covers_all and not held
+        self.pending = None
+        finished = (state[DONE, :rows] == state[TARGET, :rows]).nonzero()[0]
+        if not finished.size:
+            return []
+        return self.retire(finished.tolist(), now, kv, in_flight)
+
+    def _apply_admitted_each(self, now: float) -> None:
+        """Apply the admitted rows one by one, some of which did not emit (`_held`)."""
+        state, count, held = self.state, self._count, dict(self._held)
+        for j, req in enumerate(self._admitted):
+            row = count + j
+            new = held.get(row)
+            if new is not None:  # a chunk short of its known tokens: computed only
+                state[COMPUTED, row] += new
+                continue
+            state[COMPUTED, row] = state[KNOWN, row]
+            state[KNOWN, row] += 1
+            state[DONE, row] += 1
+            if req.first_token_s is None:
+                req.first_token_s = now
+
+    def _apply_each(self, plan: StepPlan, rows: list[int], result: StepResult, now: float,
+                    kv: KVManager, in_flight: dict[int, Request]) -> list[Request]:
+        """Apply `plan`, whose sequences are these rows (ascending): a drafting sequence
+        emitted 1 + a_i tokens (`result`), of which it keeps what its scripted output has
+        room for, and its rejected drafts roll back (computed = context + kept); every
+        other one computed its new tokens and emitted at most one. Each sequence in the
+        plan learns whether it is still prefilling (it did not emit)."""
+        counts = emitted_each(plan, result)
+        state = self.state
+        new = np.array(plan.num_new_tokens, dtype=np.int64)
+        emits = counts > 0
+        drafting = np.array(plan.num_spec_tokens or (0,) * len(rows), dtype=np.int64) > 0
+        idx: slice | list[int] = slice(0, len(rows)) if rows == list(range(len(rows))) else rows
+        done = state[DONE, idx]
+        first = (emits & (done == 0)).nonzero()[0].tolist()  # before done moves (a view)
+        kept = np.minimum(counts, state[TARGET, idx] - done)
+        out = np.where(drafting, kept, emits)
+        state[COMPUTED, idx] += np.where(drafting, kept, new)
+        state[KNOWN, idx] += out
+        state[DONE, idx] += out
+        state[DRAFTED, idx] += np.where(drafting, new - 1, 0)
+        state[ACCEPTED, idx] += np.where(drafting, counts - 1, 0)
+        state[PREFILLING, idx] = ~emits
+        reqs = self.reqs
+        for j in first:
+            reqs[rows[j]].first_token_s = now
+        self._all_decode = False
+        if plan is self.pending:
+            self.pending = None
+        finished = (state[DONE, idx] == state[TARGET, idx]).nonzero()[0]
+        if not finished.size:
+            return []
+        return self.retire([rows[j] for j in finished.tolist()], now, kv, in_flight)
+
+    def retire(self, rows: list[int], now: float, kv: KVManager,
+               in_flight: dict[int, Request]) -> list[Request]:
+        """Finish these rows in plan order (block frees are ordered), then compact."""
+        state, reqs, rids, tables = self.state, self.reqs, self.rids, self.tables
+        n = len(reqs)
+        finished = [reqs[i] for i in rows]
+        free = kv.free
+        for req, i in zip(finished, rows, strict=True):
+            self._write_back(req, i)
+            req.state = RequestState.FINISHED
+            req.finish_s = now
+            rid = rids[i]
+            free(rid)
+            del in_flight[rid]
+        if len(rows) <= 4:  # usually one or two: shift the tail left over each
+            for i in reversed(rows):
+                del reqs[i], rids[i], tables[i]
+                n -= 1
+                if i < n:
+                    state[:, i:n] = state[:, i + 1:n + 1]
+        else:
+            for i in reversed(rows):
+                del reqs[i], rids[i], tables[i]
+            keep = np.ones(n, dtype=bool)
+            keep[rows] = False
+            state[:, :n - len(rows)] = state[:, :n][:, keep]
+        return finished
+
+    # -- runs of plain decodes: batch_runs.py ----------------------------------------------
+    def plain_decodes(self) -> bool:
+        """Every running sequence's next step is one plain decode (apply() just saw to it)."""
+        return self._all_decode and self.pending is None

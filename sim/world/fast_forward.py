@@ -1,0 +1,251 @@
+"""A replica's decode runs fast-forwarded: one SimPy event for a run of plain decode steps.
+
+A run of plain decode steps whose plans cannot change (sim/core/decode_run.py)
+is priced in one call (_price: `LatencyModel.decode_run_s`, segment by
+segment), held as one event at its end (_At, at the exact float step by step's
+timeouts would have reached), cut by an arrival that joins it (_truncate: behind
+a router; a lone replica's run already ends at the step the next arrival lands
+in), caught up before each arrival (catch_up, _advance: its finishers leave, the
+scheduler's advance_decodes applies its steps, the recorders and the fleet's log
+get them in bulk) and shown to an observer that takes decode runs
+(_feed_observer). Every float and every record is step by step's
+(`fast_forward=False`, the tests' oracle; docs/ARCHITECTURE.md, "Exact
+fast-forward of decode runs").
+
+It is apart from replica.py, the step-by-step loop that decides when a run may
+start and waits on its event, because it is the one place that trades events for
+bulk work, and its exactness argument is its own. ReplicaFastForward is a base of
+Replica, whose fields are the attributes named in its class body.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from sim.core.decode_run import DecodeRun
+from sim.core.schedulers.base import Scheduler
+from sim.latency import LatencyModel
+from sim.observe.trace import StepObserver
+from sim.results.metrics import RunRecorder
+from sim.results.recording import record_decode_run
+from sim.world.fleet_log import FleetLog, LogSource, emit_run, emit_step
+
+
+@dataclass(slots=True)
+class NextArrival:
+    """When the next request arrives (inf after the last): where a decode run must stop."""
+
+    at_s: float = 0.0
+
+
+class _At(simpy.Event):
+    """An event at the instant `at_s` itself, where step by step's timeouts would have led.
+
+    No delay always lands there: now + delay rounds to the grid of the sum's binade,
+    and from some `now` only every other float of it can be reached. So the event
+    goes on SimPy's queue the way Environment.schedule puts a timeout there
+    (simpy 4.1's (time, priority, id, event) entries), with the exact time.
+    """
+
+    def __init__(self, env: simpy.Environment, at_s: float) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        heapq.heappush(env._queue, (at_s, simpy.core.NORMAL, next(env._eid), self))  # noqa: SLF001
+
+
+@dataclass(slots=True, eq=False)
+class RunInProgress:
+    """A decode run in progress: its step starts (ends_s[s]) and ends (ends_s[s + 1], also as
+    floats in step_end_s), durations, and how many of its steps are applied and recorded."""
+
+    run: DecodeRun
+    recorders: tuple[RunRecorder, ...]
+    ends_s: np.ndarray
+    duration_s: np.ndarray
+    step_end_s: list[float]
+    finish_steps: list[int]  # the steps some finish in, not yet applied
+    applied: int = 0
+    at: simpy.Event | None = None  # the event at its end, which the replica waits on
+
+
+class ReplicaFastForward:
+    """Replica's decode runs, one event each (see the module doc)."""
+
+    __slots__ = ()
+
+    # Replica's fields
+    env: simpy.Environment
+    scheduler: Scheduler
+    latency: LatencyModel
+    observer: StepObserver | None
+    on_done: Callable[[int], None] | None
+    next_arrival: NextArrival | None
+    fleet_log: FleetLog | None
+    _run_arrivals: list[float] | None
+    _run_feed: list | None
+    _run: RunInProgress | None
+    _source: LogSource
+    # and Replica._log, which hands steps to the fleet's log
+
+    def catch_up(self) -> None:
+        """A run's finishers before now leave first (applied and recorded up to now): the
+        router, the observer and the recorders see what step by step's would."""
+        running = self._run
+        if running is not None and running.finish_steps:
+            upto = bisect.bisect_left(running.step_end_s, self.env.now)
+            if running.finish_steps[0] < upto:
+                self._advance(upto)
+
+    def _begin_run(self, run: DecodeRun, recorders: tuple[RunRecorder, ...]) -> simpy.Event:
+        """Start holding the clock for a decode run as one event: the event at its end,
+        which the world waits for before calling _end_run.
+
+        An arrival at a step's end is seen by the next schedule() (fleet._Arrival
+        fires first), so a run that an arrival may join ends with the step whose
+        end is at or after it. Behind a router the next arrival may go elsewhere: the
+        run is cut when one joins it (_truncate). Step ends are the running float sum
+        SimPy would have reached one timeout at a time.
+        """
+        env = self.env
+        assert self.next_arrival is not None
+        behind = self.fleet_log is not None
+        at_s = self.next_arrival.at_s if run.stops_at_arrival and not behind else math.inf
+        # [now, each step's duration]: its running sum is the step ends
+        timeline = self._price(run, env.now, at_s)
+        ends_s, duration_s = timeline.cumsum(), timeline[1:]
+        steps = len(duration_s)
+        if at_s < math.inf:
+            steps = min(steps, int(ends_s[1:].searchsorted(at_s)) + 1)
+        self._run_arrivals = []
+        self._run = RunInProgress(run, recorders, ends_s, duration_s, ends_s[1:steps + 1].tolist(),
+                             [start - 1 for start, _ in run.segments[1:] if start <= steps])
+        if self.observer is not None:
+            self._run_feed = [ends_s[:steps], duration_s[:steps], run.kv_blocked, 0]
+        if behind:
+            self._source.horizon_s = float(ends_s[1])
+        self._run.at = _At(env, float(ends_s[steps]))
+        return self._run.at
+
+    def _truncate(self, state: RunInProgress) -> None:
+        """An arrival joined a run that began with an empty queue: the run now ends with the
+        step the arrival landed in (its end at or after now), as a lone replica's would."""
+        steps = bisect.bisect_left(state.step_end_s, self.env.now) + 1
+        if steps >= len(state.step_end_s):
+            return
+        del state.step_end_s[steps:]
+        state.finish_steps = [f for f in state.finish_steps if f < steps]
+        if self._run_feed is not None:
+            self._run_feed[0], self._run_feed[1] = (self._run_feed[0][:steps],
+                                                    self._run_feed[1][:steps])
+        at, old = _At(self.env, state.step_end_s[-1]), state.at
+        assert old is not None
+        at.callbacks, old.callbacks = old.callbacks, []  # the replica now waits on `at`
+        state.at = at
+
+    def _end_run(self) -> None:
+        """The run's end: show the observer the rest, apply and record its steps."""
+        state = self._run
+        assert state is not None and self.env.now == state.step_end_s[-1]
+        if self._run_feed is not None:
+            self._feed_observer(math.inf)
+            self._run_feed = None
+        self._advance(len(state.step_end_s))
+        self._run = self._run_arrivals = None
+        if self.fleet_log is not None:
+            self._source.horizon_s = math.inf
+            self.fleet_log.flush(self.env.now)
+
+    def _price(self, run: DecodeRun, now_s: float, at_s: float) -> np.ndarray:
+        """`now_s`, then the durations of the run's steps up to the one running at `at_s`
+        (all of them if it ends sooner): segment by segment, a segment's steps at least its
+        first one's long (contexts only grow), so no more are priced than can run."""
+        price, step_time = self.latency.decode_run_s, self.latency.step_time
+        pieces: list = [(now_s,)]
+        within_s = at_s - now_s
+        for _, steps, shape in run.segment_lengths():
+            if within_s == math.inf:
+                pieces.append(price(shape, steps))
+                continue
+            first_s = step_time(shape)
+            if first_s > 0:
+                steps = min(steps, int(within_s / first_s) + 2)
+            piece = price(shape, steps)
+            pieces.append(piece)
+            within_s -= float(np.add.reduce(piece))
+            if within_s < 0:
+                break
+        return np.concatenate(pieces)
+
+    def _advance(self, upto: int) -> None:
+        """Apply and record the running decode run's steps before `upto` not applied yet.
+
+        Called at each arrival during the run with the steps that ended before it (a
+        step ending at the arrival's instant is not over: the arrival goes first), so
+        the scheduler, the observer and the recorders see what step by step's would
+        then, in the same order; and at the run's end with the rest."""
+        state = self._run
+        assert state is not None and self._run_arrivals is not None
+        begin = state.applied
+        if upto <= begin:
+            return
+        state.applied = upto
+        if self.fleet_log is not None:  # the first step not handed to the log yet
+            self._source.horizon_s = (state.step_end_s[upto] if upto < len(state.step_end_s)
+                                      else math.inf)
+        while state.finish_steps and state.finish_steps[0] < upto:
+            del state.finish_steps[0]
+        run, ends_s, duration_s = state.run, state.ends_s, state.duration_s
+        ran = self.scheduler.advance_decodes(run, begin, upto, state.step_end_s)
+        if self._run_arrivals:  # joined the queue by each step's end
+            waiting = np.array(self._run_arrivals).searchsorted(ends_s[begin + 1:upto + 1],
+                                                                side="right")
+            waiting += run.num_waiting
+        else:
+            waiting = np.full(upto - begin, run.num_waiting, dtype=np.int64)
+        recorders, done, log = state.recorders, 0, self.fleet_log
+        for segment in ran:
+            a, k = segment.start, segment.run.steps
+            if k:
+                queued_each = waiting[a - begin:a - begin + k]
+                record_decode_run(recorders, segment.run, ends_s[a:a + k], duration_s[a:a + k],
+                                  queued_each)
+                if log is not None:
+                    self._log(state.step_end_s[a:a + k], ends_s[a:a + k].tolist(),
+                              emit_run(segment.run, ends_s[a:a + k], duration_s[a:a + k],
+                                       queued_each))
+            finish = segment.finish
+            if finish is not None:  # the finishers' step, as record_step would record it
+                f = a + k
+                start_s, step_s = float(ends_s[f]), float(duration_s[f])
+                queued = int(waiting[f - begin])
+                for recorder in recorders:
+                    recorder.record_step(start_s, step_s, finish.plan, queued, finish.num_running,
+                                         finish.kv_blocks_used, finish.kv_slots_held)
+                    for request in finish.finished:
+                        recorder.record_finished(request)
+                if log is not None:
+                    self._log([state.step_end_s[f]], [start_s], emit_step(
+                        finish.plan, start_s, step_s, queued, finish.num_running,
+                        finish.kv_blocks_used, finish.kv_slots_held, finish.finished, None))
+                done += len(finish.finished)
+        if done and self.on_done is not None:
+            self.on_done(done)
+
+    def _feed_observer(self, until_s: float) -> None:
+        """Show the observer the run's steps that started before `until_s` (an arrival's
+        instant: step by step it would have seen their on_step by then)."""
+        feed, observer = self._run_feed, self.observer
+        assert feed is not None and observer is not None
+        start_s, duration_s, kv_blocked, seen = feed
+        upto = int(np.searchsorted(start_s, until_s, side="left"))
+        if upto > seen:
+            observer.on_decode_steps(start_s[seen:upto], duration_s[seen:upto], kv_blocked)
+            feed[3] = upto
