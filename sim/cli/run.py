@@ -77,7 +77,8 @@ def _run(args: argparse.Namespace) -> int:
         try:
             if args.replications > 1:
                 result, _ = replicate(scenario, base_dir, args.replications,
-                                      Backend(args.backend, args.jobs), not args.quiet)
+                                      Backend(args.backend, args.jobs), not args.quiet,
+                                      requests_csv=stage.path / "requests.csv")
             else:
                 result = run_scenario(scenario, base_dir, show_progress=not args.quiet,
                                       timeline=args.timeline,

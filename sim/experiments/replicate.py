@@ -33,13 +33,17 @@ def replication_seeds(seed: int, count: int) -> list[int]:
 
 
 def replicate(scenario: Scenario, base_dir: Path | None, count: int,
-              backend: Backend | None = None, show_progress: bool = True
-              ) -> tuple[RunResult, dict[str, Any]]:
-    """Replication 0's result (its summary pooled over all `count`) and the pooled block."""
+              backend: Backend | None = None, show_progress: bool = True,
+              requests_csv: Path | None = None) -> tuple[RunResult, dict[str, Any]]:
+    """Replication 0's result (its summary pooled over all `count`) and the pooled block.
+
+    `requests_csv`: replication 0 streams its rows there, as a plain run does; the
+    others keep none (their summaries are all the pooling reads)."""
     if not 1 <= count <= MAX_REPLICATIONS:
         raise SweepError(f"--replications: must be 1..{MAX_REPLICATIONS}, got {count}")
     seeds = replication_seeds(scenario.seed, count)
-    first = run_scenario(scenario, base_dir, show_progress=show_progress)
+    first = run_scenario(scenario, base_dir, show_progress=show_progress,
+                         requests_csv=requests_csv)
     if count == 1:
         return first, {}
     tasks = [Task(scenario.model_copy(update={"seed": s}), base_dir or Path.cwd())

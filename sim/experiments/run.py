@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
 def run_scenario(scenario: Scenario, base_dir: Path | None = None,
                  show_progress: bool = True, timeline: int = 0, *,
-                 fast_forward: bool = True, requests_csv: Path | None = None) -> RunResult:
+                 fast_forward: bool = True, requests_csv: Path | None = None,
+                 keep_rows: bool = True) -> RunResult:
     """Simulate `scenario.replicas` identical replicas behind its router.
 
     Each replica gets its own block manager, scheduler and latency model from
@@ -47,8 +48,13 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
     (sim.observe.diagnose); `timeline` > 0 also traces that many requests, spread over the run.
     `fast_forward=False`: every step its own event (the oracle the default must equal).
     `requests_csv`: stream the rows there as requests finish, keeping none in memory
-    (the result's recorders then read them back from that file only).
+    (the result's recorders then read them back from that file only). Without it,
+    `keep_rows=False` drops the rows (and runs no TTFT diagnosis, which only fills
+    them): memory then follows the requests in flight, and the result gives the summary,
+    the time series and the sketches, not `requests_frame()` (what the sweep's points need).
     """
+    if not keep_rows and timeline:
+        raise ValueError("a traced timeline needs the request rows (keep_rows=True)")
     budget = kv_budget(scenario)
     slo = scenario_slo(scenario)
     parts = [build_replica(scenario, budget) for _ in range(scenario.replicas)]
@@ -63,14 +69,18 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
     traced = choose_requests(array("q", (r.request_id for r in make_requests(
         scenario.workload, scenario.seed, base_dir))), timeline) if timeline else frozenset()
     streaming = requests_csv is not None
-    observers = [ReplicaObserver(p.scheduler, lat.step_time, traced, hand_off=streaming)
-                 for p, lat in zip(parts, latencies, strict=True)]
-    rows = KEEP if requests_csv is None else RequestCSV(
-        requests_csv, bool(scenario.speculative.num_tokens), DIAGNOSIS_COLUMNS,
-        _take_from([o.diagnoser for o in observers]))
+    kept = keep_rows and not streaming
+    observers: list[ReplicaObserver | None] = [
+        ReplicaObserver(p.scheduler, lat.step_time, traced, hand_off=streaming)
+        if streaming or keep_rows else None for p, lat in zip(parts, latencies, strict=True)]
+    rows: RequestCSV | str | None = KEEP if kept else None
+    if requests_csv is not None:
+        rows = RequestCSV(requests_csv, bool(scenario.speculative.num_tokens),
+                          DIAGNOSIS_COLUMNS,
+                          _take_from([o.diagnoser for o in observers if o is not None]))
     recorder = RunRecorder(rows=rows, slo=slo)
     setups = [ReplicaSetup(p.scheduler, lat, recorder if scenario.replicas == 1 else
-                           RunRecorder(rows=None if streaming else KEEP, slo=slo),
+                           RunRecorder(rows=KEEP if kept else None, slo=slo),
                            p.kv, verifier, fast_forward=fast_forward, observer=observer)
               for p, lat, observer, verifier in zip(parts, latencies, observers, verifiers,
                                                     strict=True)]
@@ -87,7 +97,7 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
     finally:
         recorder.close()
     wall_s = time.perf_counter() - started
-    timeline_frame = collect(setups, None if streaming else recorder)
+    timeline_frame = collect(setups, recorder if kept else None)
     summary = run_summary(scenario, budget, recorder, setups, latency.name, wall_s,
                           [s.recorder for s in setups])
     num_blocks = setups[0].kv.num_usable_blocks
@@ -121,7 +131,7 @@ def observe(setups: Sequence[ReplicaSetup], traced: frozenset[int] = frozenset()
 def collect(setups: Sequence[ReplicaSetup], fleet: RunRecorder | None
             ) -> pd.DataFrame | None:
     """Join each replica's TTFT parts into its recorder and the fleet's (None: the rows
-    were streamed with them); return the traced requests' timelines (None when nothing
+    were streamed with them, or dropped); return the traced requests' timelines (None when nothing
     was traced)."""
     observers, frames = [], []
     for s in setups:

@@ -71,27 +71,35 @@ def run_task(task: Task) -> dict[str, Any]:
     """Simulate one point in a worker; only plain values travel back.
 
     A user-level failure (no room for KV, a missing trace) comes back as
-    {"error": message}, so the parent can say which point failed.
+    {"error": message}, so the parent can say which point failed. No request rows
+    stay in memory: a point with `out_dir` streams its requests.csv there, one
+    without keeps none (its figures come from the recorder's sketches and totals),
+    so a worker's memory follows the requests in flight, not those done.
     """
     from sim.experiments.outputs import write_outputs
     from sim.experiments.run import run_scenario
     from sim.results.report import jsonable
 
     _thread_lock_for_tqdm()
+    requests_csv = None
+    if task.out_dir is not None:
+        task.out_dir.mkdir(parents=True, exist_ok=True)
+        requests_csv = task.out_dir / "requests.csv"
     try:
-        result = run_scenario(task.scenario, task.base_dir, show_progress=False)
+        result = run_scenario(task.scenario, task.base_dir, show_progress=False,
+                              requests_csv=requests_csv, keep_rows=False)
     except (ValueError, FileNotFoundError) as err:
+        if requests_csv is not None:  # a failed point leaves no half-written rows
+            requests_csv.unlink(missing_ok=True)
         return {"error": str(err)}
     summary = dict(result.summary)
     if task.out_dir is not None:
         write_outputs(result, task.out_dir, plots=task.plots)
     digest, count, span_s = stream_digest(task.scenario, task.base_dir)
-    finish_s = result.recorder.requests_frame()["finish_s"].dropna()
     out = jsonable(summary)
     out.pop("simulation_wall_s", None)
     out.update(wall_s=result.wall_s, request_stream=digest, num_arrivals=count,
-               arrival_span_s=span_s,
-               finish_span_s=float(finish_s.max() - finish_s.min()) if len(finish_s) else 0.0)
+               arrival_span_s=span_s, finish_span_s=result.recorder.finish_span_s)
     return out
 
 

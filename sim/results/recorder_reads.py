@@ -95,6 +95,14 @@ class RecorderReads:
     _spec: list[int] | None
     _extra_columns: pd.DataFrame | None
 
+    @property
+    def finish_span_s(self) -> float:
+        """Last finish minus first finish over the recorded requests with a finish time (0.0
+        with none): exact, from the totals, whether the rows are kept, streamed or dropped."""
+        self._fold_requests()
+        t = self._totals
+        return t.last_finish_s - t.first_finish_s if math.isfinite(t.last_finish_s) else 0.0
+
     def request_arrays(self) -> dict[str, np.ndarray]:
         """The recorded requests' columns and derived latencies (RequestLog.arrays); only
         for a recorder that keeps its rows."""

@@ -18,13 +18,15 @@ class RequestTotals:
     """Exact run totals of the recorded requests (what the summary sums)."""
 
     __slots__ = ("completed", "rejected", "reasons", "input_tokens", "output_tokens",
-                 "preemptions", "prefix_hit_tokens", "first_arrival_s", "last_finish_s")
+                 "preemptions", "prefix_hit_tokens", "first_arrival_s", "first_finish_s",
+                 "last_finish_s")
 
     def __init__(self) -> None:
         self.completed = self.rejected = self.input_tokens = self.output_tokens = 0
         self.preemptions = self.prefix_hit_tokens = 0
         self.reasons: dict[str, int] = {}
         self.first_arrival_s, self.last_finish_s = math.inf, -math.inf
+        self.first_finish_s = math.inf
 
     def add_many(self, rows: RequestRows) -> None:
         """Recorded requests, as one add a request in order would count them."""
@@ -37,6 +39,8 @@ class RequestTotals:
         known = finish[finish == finish].tolist()  # NaN: never finished
         if known and max(known) > self.last_finish_s:
             self.last_finish_s = max(known)
+        if known and min(known) < self.first_finish_s:
+            self.first_finish_s = min(known)
         for reason in rows.reasons.values():  # in row order
             self.rejected += 1
             self.reasons[reason] = self.reasons.get(reason, 0) + 1
