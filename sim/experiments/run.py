@@ -70,9 +70,10 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
         scenario.workload, scenario.seed, base_dir))), timeline) if timeline else frozenset()
     streaming = requests_csv is not None
     kept = keep_rows and not streaming
+    diagnose = streaming or keep_rows  # the TTFT parts go only into the rows
     observers: list[ReplicaObserver | None] = [
         ReplicaObserver(p.scheduler, lat.step_time, traced, hand_off=streaming)
-        if streaming or keep_rows else None for p, lat in zip(parts, latencies, strict=True)]
+        if diagnose else None for p, lat in zip(parts, latencies, strict=True)]
     rows: RequestCSV | str | None = KEEP if kept else None
     if requests_csv is not None:
         rows = RequestCSV(requests_csv, bool(scenario.speculative.num_tokens),
@@ -131,8 +132,8 @@ def observe(setups: Sequence[ReplicaSetup], traced: frozenset[int] = frozenset()
 def collect(setups: Sequence[ReplicaSetup], fleet: RunRecorder | None
             ) -> pd.DataFrame | None:
     """Join each replica's TTFT parts into its recorder and the fleet's (None: the rows
-    were streamed with them, or dropped); return the traced requests' timelines (None when nothing
-    was traced)."""
+    were streamed with them, or dropped); return the traced requests' timelines (None
+    when nothing was traced)."""
     observers, frames = [], []
     for s in setups:
         if isinstance(s.observer, ReplicaObserver):
