@@ -34,9 +34,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class StepShape:
-    """Just what costs time in a step; latency models and tables are keyed on it."""
+    """Just what costs time in a step; latency models and tables are keyed on it.
+
+    Built several times a step (plans, decode runs' segments), so its __init__ sets the
+    slots through their descriptors (_SET_SHAPE), half the cost of a frozen dataclass's
+    object.__setattr__ per field; the fields, defaults, eq, hash and repr are the
+    dataclass's own."""
 
     prefill_chunk_tokens: tuple[int, ...] = ()
     prefill_context_tokens: tuple[int, ...] = ()  # tokens already in KV before each chunk
@@ -54,6 +59,26 @@ class StepShape:
     num_spec_tokens: int = 0
     spec_depth: int = 0
     spec_context_sum: int = 0
+
+    def __init__(self, prefill_chunk_tokens: tuple[int, ...] = (),
+                 prefill_context_tokens: tuple[int, ...] = (), num_decodes: int = 0,
+                 decode_context_sum: int = 0, decode_context_max: int = 0,
+                 padded_batch: int = 0, swap_out_tokens: int = 0, swap_in_tokens: int = 0,
+                 num_spec_decodes: int = 0, num_spec_tokens: int = 0, spec_depth: int = 0,
+                 spec_context_sum: int = 0) -> None:
+        (s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11) = _SET_SHAPE
+        s0(self, prefill_chunk_tokens)
+        s1(self, prefill_context_tokens)
+        s2(self, num_decodes)
+        s3(self, decode_context_sum)
+        s4(self, decode_context_max)
+        s5(self, padded_batch)
+        s6(self, swap_out_tokens)
+        s7(self, swap_in_tokens)
+        s8(self, num_spec_decodes)
+        s9(self, num_spec_tokens)
+        s10(self, spec_depth)
+        s11(self, spec_context_sum)
 
     @property
     def num_prefills(self) -> int:
@@ -81,6 +106,10 @@ class StepShape:
     @property
     def batch_size(self) -> int:
         return self.num_prefills + self.num_decodes
+
+
+# each StepShape field's slot setter, in field order (immutable: bound descriptor methods)
+_SET_SHAPE = tuple(getattr(StepShape, name).__set__ for name in StepShape.__dataclass_fields__)
 
 
 @dataclass(frozen=True, slots=True)
