@@ -125,9 +125,12 @@ class SeqWork:
     num_spec_tokens: int = 0  # draft tokens among num_new_tokens (speculative decoding)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class StepPlan:
-    """Which requests run, how many new tokens each, their context and blocks."""
+    """Which requests run, how many new tokens each, their context and blocks.
+
+    One a step, so its __init__ sets the slots through their descriptors (_SET_PLAN), as
+    StepShape's does."""
 
     request_ids: tuple[int, ...]
     num_new_tokens: tuple[int, ...]
@@ -140,13 +143,27 @@ class StepPlan:
     # k_i per sequence: draft tokens among its num_new_tokens; () = none drafts this step
     num_spec_tokens: tuple[int, ...] = ()
 
-    def __post_init__(self) -> None:
-        n = len(self.request_ids)
-        if not (len(self.num_new_tokens) == len(self.context_tokens) == len(self.block_tables)
-                == len(self.is_prefill) == len(self.emits_token) == n):
+    def __init__(self, request_ids: tuple[int, ...], num_new_tokens: tuple[int, ...],
+                 context_tokens: tuple[int, ...], block_tables: tuple[tuple[int, ...], ...],
+                 is_prefill: tuple[bool, ...], emits_token: tuple[bool, ...],
+                 shape: StepShape, preempted_ids: tuple[int, ...] = (),
+                 num_spec_tokens: tuple[int, ...] = ()) -> None:
+        n = len(request_ids)
+        if not (len(num_new_tokens) == len(context_tokens) == len(block_tables)
+                == len(is_prefill) == len(emits_token) == n):
             raise ValueError("StepPlan columns must all have one entry per request")
-        if self.num_spec_tokens and len(self.num_spec_tokens) != n:
+        if num_spec_tokens and len(num_spec_tokens) != n:
             raise ValueError("StepPlan.num_spec_tokens must be empty or one entry per request")
+        s0, s1, s2, s3, s4, s5, s6, s7, s8 = _SET_PLAN
+        s0(self, request_ids)
+        s1(self, num_new_tokens)
+        s2(self, context_tokens)
+        s3(self, block_tables)
+        s4(self, is_prefill)
+        s5(self, emits_token)
+        s6(self, shape)
+        s7(self, preempted_ids)
+        s8(self, num_spec_tokens)
 
     @property
     def batch_size(self) -> int:
@@ -163,6 +180,9 @@ class StepPlan:
                           self.block_tables, self.is_prefill, self.emits_token, spec,
                           strict=True):
             yield SeqWork(*fields)
+
+
+_SET_PLAN = tuple(getattr(StepPlan, name).__set__ for name in StepPlan.__dataclass_fields__)
 
 
 @dataclass(frozen=True, slots=True)
