@@ -61,7 +61,7 @@ class FreeQueue:
         front, taken = self._front, ()
         if front and count:
             n = min(count, len(front))
-            taken = tuple(reversed(front[-n:]))
+            taken = tuple(front[:-n - 1:-1])  # the last n, last first
             del front[-n:]
             count -= n
         if not count:

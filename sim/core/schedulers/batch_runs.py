@@ -35,10 +35,10 @@ def describe_run(batch: RunningBatch, kv: KVManager, paged: bool,
 
     In plain Python over the rows (a few, mostly), numpy only where the pool runs short. The
     run's kv_blocks_used is left empty: the applied parts (apply_run) carry theirs."""
-    n = len(batch.reqs)
-    state = batch.state
-    contexts = state[COMPUTED, :n].tolist()
-    finish = (state[TARGET, :n] - state[DONE, :n] - 1).tolist()  # the step each finishes in
+    n = len(batch.rids)
+    # one read of the columns computed, known, done, target (in this order)
+    contexts, _, done, target = batch.state[COMPUTED:TARGET + 1, :n].tolist()
+    finish = [t - d - 1 for t, d in zip(target, done, strict=True)]  # the step each ends in
     first_out = min(finish)
     steps = min((first_out if num_waiting else max(finish)) + 1, max_steps)
     if steps < 2:
@@ -99,42 +99,47 @@ def _shape(n: int, context_sum: int, context_max: int, graph_sizes: tuple[int, .
 
 
 def apply_run(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
-          step_end_s: Sequence[float], kv: KVManager, paged: bool,
-          naming: PagedBlockManager | None,
-          in_flight: dict[int, Request]) -> list[RunSegment]:
+              step_end_s: Sequence[float], kv: KVManager, paged: bool,
+              naming: PagedBlockManager | None,
+              in_flight: dict[int, Request]) -> list[RunSegment]:
     """Apply steps [begin, end) of `run` (the steps before `begin` applied already):
     segment by segment, the same block calls in the same order as step by step (each
     step's new blocks, then the blocks it filled named), then the finishers of a
     segment's last step retired (their blocks freed) at its end, `step_end_s[s]`."""
     out: list[RunSegment] = []
-    for start, length, shape in run.segment_lengths():
+    segments = run.segments or ((0, run.shape),)
+    last = len(segments) - 1
+    for j, (start, shape) in enumerate(segments):
         if start >= end:
             break  # this segment and those after it run later
-        if start + length <= begin:
+        seg_end = segments[j + 1][0] if j < last else run.steps
+        if seg_end <= begin:
             continue  # applied already
-        first, stop = max(start, begin), min(start + length, end)
+        first = start if start > begin else begin
+        stop = seg_end if seg_end < end else end
         k = stop - first
         if first > start:
             shape = decode_shape(shape, first - start)
-        n = len(batch.reqs)
+        n = len(batch.rids)
         state = batch.state
-        contexts = state[COMPUTED, :n].tolist()
+        # one read of the columns computed, known, done, target (in this order)
+        contexts, _, done, target = state[COMPUTED:TARGET + 1, :n].tolist()
         used = _take_blocks(batch, contexts, k, kv, paged, naming)
         state[COMPUTED:DONE + 1, :n] += k
         # only a segment's last step has finishers (an arrival may cut it before)
-        done = (state[DONE, :n] == state[TARGET, :n]).nonzero()[0].tolist() \
-            if stop == start + length else None
-        if not done:
+        finishers = [i for i in range(n) if target[i] - done[i] == k] \
+            if stop == seg_end else None
+        if not finishers:
             out.append(RunSegment(first, _part(run, k, shape, used), None))
             continue
         plan = StepPlan(tuple(batch.rids), (1,) * n, tuple(map((k - 1).__add__, contexts)),
                         tuple(batch.tables), (False,) * n, (True,) * n,
                         decode_shape(shape, k - 1))
         held = int(used[-1]) * batch.block_size
-        finished = batch.retire(done, step_end_s[stop - 1], kv, in_flight)
+        finished = batch.retire(finishers, step_end_s[stop - 1], kv, in_flight)
         out.append(RunSegment(first, _part(run, k - 1, shape, used[:k - 1]),
                               FinishStep(plan, finished, kv.num_used_blocks, held,
-                                         len(batch.reqs))))
+                                         len(batch.rids))))
     return out
 
 
@@ -153,14 +158,14 @@ def _take_blocks(batch: RunningBatch, contexts: list[int], steps: int, kv: KVMan
     if len(contexts) > 32:  # numpy's fixed cost is less than the loops'
         phase = (-batch.state[COMPUTED, :len(contexts)]) % bs
         if not cycles and int(np.minimum.reduce(phase)) >= rest + (naming is not None):
-            return np.full(steps, used0, dtype=np.int64)
+            return _constant(steps, used0)
         per_phase = np.bincount(phase, minlength=bs).tolist()
         order = np.argsort(phase, kind="stable").tolist()
     else:
         phases = [-c % bs for c in contexts]
         # nobody crosses a block boundary (nor, with names, fills a block)
         if not cycles and min(phases, default=bs) >= rest + (naming is not None):
-            return np.full(steps, used0, dtype=np.int64)
+            return _constant(steps, used0)
         per_phase = [0] * bs
         for p in phases:
             per_phase[p] += 1
@@ -176,12 +181,19 @@ def _take_blocks(batch: RunningBatch, contexts: list[int], steps: int, kv: KVMan
     else:
         _take_naming(batch, contexts, steps, kv, naming, per_phase, order)
     if not paged:
-        return np.full(steps, used0, dtype=np.int64)
+        return _constant(steps, used0)
     if steps > 64:  # a long run: the cycle repeated in C
         return np.resize(np.array(per_phase), steps).cumsum() + used0
     taken = per_phase * cycles + per_phase[:rest]
     taken[0] += used0
     return np.fromiter(accumulate(taken), np.int64, steps)
+
+
+def _constant(steps: int, blocks: int) -> np.ndarray:
+    """`blocks` in use at each of `steps` steps (np.full costs three times as much)."""
+    used = np.empty(steps, dtype=np.int64)
+    used.fill(blocks)
+    return used
 
 
 def _take_naming(batch: RunningBatch, contexts: list[int], steps: int, kv: KVManager,
