@@ -27,7 +27,7 @@ from sim.core.plan import StepPlan, StepShape
 from sim.core.request import Request
 
 
-@dataclass(frozen=True, slots=True, eq=False, init=False)
+@dataclass(frozen=True, slots=True, eq=False)
 class DecodeRun:
     """The next `steps` plain-decode steps of an unchanging running set.
 
@@ -55,30 +55,12 @@ class DecodeRun:
     kv_blocked: bool
     segments: tuple[tuple[int, StepShape], ...] = ()
 
-    def __init__(self, steps: int, shape: StepShape, kv_blocks_used: np.ndarray,
-                 num_waiting: int, stops_at_arrival: bool, block_size: int, kv_blocked: bool,
-                 segments: tuple[tuple[int, StepShape], ...] = ()) -> None:
-        """The slots set through their descriptors (_SET_RUN): one or two a run's part,
-        half the cost of a frozen dataclass's __init__."""
-        s0, s1, s2, s3, s4, s5, s6, s7 = _SET_RUN
-        s0(self, steps)
-        s1(self, shape)
-        s2(self, kv_blocks_used)
-        s3(self, num_waiting)
-        s4(self, stops_at_arrival)
-        s5(self, block_size)
-        s6(self, kv_blocked)
-        s7(self, segments)
-
     def segment_lengths(self) -> list[tuple[int, int, StepShape]]:
         """(first step, steps, shape) of each segment."""
         segments = self.segments or ((0, self.shape),)
         ends = [start for start, _ in segments[1:]] + [self.steps]
         return [(start, end - start, shape) for (start, shape), end in zip(segments, ends,
                                                                            strict=True)]
-
-
-_SET_RUN = tuple(getattr(DecodeRun, name).__set__ for name in DecodeRun.__dataclass_fields__)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

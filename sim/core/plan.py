@@ -34,14 +34,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(frozen=True, slots=True)
 class StepShape:
-    """Just what costs time in a step; latency models and tables are keyed on it.
-
-    Built several times a step (plans, decode runs' segments), so its __init__ sets the
-    slots through their descriptors (_SET_SHAPE), half the cost of a frozen dataclass's
-    object.__setattr__ per field; the fields, defaults, eq, hash and repr are the
-    dataclass's own."""
+    """Just what costs time in a step; latency models and tables are keyed on it."""
 
     prefill_chunk_tokens: tuple[int, ...] = ()
     prefill_context_tokens: tuple[int, ...] = ()  # tokens already in KV before each chunk
@@ -59,26 +54,6 @@ class StepShape:
     num_spec_tokens: int = 0
     spec_depth: int = 0
     spec_context_sum: int = 0
-
-    def __init__(self, prefill_chunk_tokens: tuple[int, ...] = (),
-                 prefill_context_tokens: tuple[int, ...] = (), num_decodes: int = 0,
-                 decode_context_sum: int = 0, decode_context_max: int = 0,
-                 padded_batch: int = 0, swap_out_tokens: int = 0, swap_in_tokens: int = 0,
-                 num_spec_decodes: int = 0, num_spec_tokens: int = 0, spec_depth: int = 0,
-                 spec_context_sum: int = 0) -> None:
-        (s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11) = _SET_SHAPE
-        s0(self, prefill_chunk_tokens)
-        s1(self, prefill_context_tokens)
-        s2(self, num_decodes)
-        s3(self, decode_context_sum)
-        s4(self, decode_context_max)
-        s5(self, padded_batch)
-        s6(self, swap_out_tokens)
-        s7(self, swap_in_tokens)
-        s8(self, num_spec_decodes)
-        s9(self, num_spec_tokens)
-        s10(self, spec_depth)
-        s11(self, spec_context_sum)
 
     @property
     def num_prefills(self) -> int:
@@ -108,10 +83,6 @@ class StepShape:
         return self.num_prefills + self.num_decodes
 
 
-# each StepShape field's slot setter, in field order (immutable: bound descriptor methods)
-_SET_SHAPE = tuple(getattr(StepShape, name).__set__ for name in StepShape.__dataclass_fields__)
-
-
 @dataclass(frozen=True, slots=True)
 class SeqWork:
     """One sequence's share of a step."""
@@ -125,12 +96,9 @@ class SeqWork:
     num_spec_tokens: int = 0  # draft tokens among num_new_tokens (speculative decoding)
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(frozen=True, slots=True)
 class StepPlan:
-    """Which requests run, how many new tokens each, their context and blocks.
-
-    One a step, so its __init__ sets the slots through their descriptors (_SET_PLAN), as
-    StepShape's does."""
+    """Which requests run, how many new tokens each, their context and blocks."""
 
     request_ids: tuple[int, ...]
     num_new_tokens: tuple[int, ...]
@@ -143,27 +111,13 @@ class StepPlan:
     # k_i per sequence: draft tokens among its num_new_tokens; () = none drafts this step
     num_spec_tokens: tuple[int, ...] = ()
 
-    def __init__(self, request_ids: tuple[int, ...], num_new_tokens: tuple[int, ...],
-                 context_tokens: tuple[int, ...], block_tables: tuple[tuple[int, ...], ...],
-                 is_prefill: tuple[bool, ...], emits_token: tuple[bool, ...],
-                 shape: StepShape, preempted_ids: tuple[int, ...] = (),
-                 num_spec_tokens: tuple[int, ...] = ()) -> None:
-        n = len(request_ids)
-        if not (len(num_new_tokens) == len(context_tokens) == len(block_tables)
-                == len(is_prefill) == len(emits_token) == n):
+    def __post_init__(self) -> None:
+        n = len(self.request_ids)
+        if not (len(self.num_new_tokens) == len(self.context_tokens) == len(self.block_tables)
+                == len(self.is_prefill) == len(self.emits_token) == n):
             raise ValueError("StepPlan columns must all have one entry per request")
-        if num_spec_tokens and len(num_spec_tokens) != n:
+        if self.num_spec_tokens and len(self.num_spec_tokens) != n:
             raise ValueError("StepPlan.num_spec_tokens must be empty or one entry per request")
-        s0, s1, s2, s3, s4, s5, s6, s7, s8 = _SET_PLAN
-        s0(self, request_ids)
-        s1(self, num_new_tokens)
-        s2(self, context_tokens)
-        s3(self, block_tables)
-        s4(self, is_prefill)
-        s5(self, emits_token)
-        s6(self, shape)
-        s7(self, preempted_ids)
-        s8(self, num_spec_tokens)
 
     @property
     def batch_size(self) -> int:
@@ -180,9 +134,6 @@ class StepPlan:
                           self.block_tables, self.is_prefill, self.emits_token, spec,
                           strict=True):
             yield SeqWork(*fields)
-
-
-_SET_PLAN = tuple(getattr(StepPlan, name).__set__ for name in StepPlan.__dataclass_fields__)
 
 
 @dataclass(frozen=True, slots=True)
