@@ -104,3 +104,26 @@ def test_weighted_mser_ignores_empty_batches_and_cuts_a_transient() -> None:
     w_gaps, z_gaps = w.copy(), z.copy()
     w_gaps[20:30], z_gaps[20:30] = 0.0, np.nan  # batches nobody finished in
     assert weighted_mser_cut(z_gaps, w_gaps) == cut
+
+
+@settings(max_examples=100, deadline=None)
+@given(requests, st.integers(1, 25))
+def test_a_window_merged_from_its_groups_is_the_window_merged_batch_by_batch(rows, k) -> None:
+    # sim.results.steady merges the window's sketches from its groups' (one merge a group):
+    # the same buckets, count, zeros, min and max, and the moments float for float
+    from sim.results.steady import _whole
+
+    batches = _fill(rows)
+    window = batches.batches()
+    groups = [[window[i] for i in ix]
+              for ix in np.array_split(np.arange(len(window)), min(k, len(window)))]
+    for name in ("ttft", "tpot", "e2el", "queue"):
+        direct = batches.latency(name, window)
+        whole = _whole([batches.latency(name, g) for g in groups], window, name)
+        a, b = direct.sketch, whole.sketch
+        assert a.bucket_counts() == b.bucket_counts()
+        assert (a.count, a.zeros, a.min, a.max) == (b.count, b.zeros, b.min, b.max)
+        assert np.array_equal(a.quantiles([0.5, 0.9, 0.99]), b.quantiles([0.5, 0.9, 0.99]),
+                              equal_nan=True)
+        m, n = direct.moments, whole.moments
+        assert (m.count, m.mean, m.m2) == (n.count, n.mean, n.m2)

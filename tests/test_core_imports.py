@@ -2,6 +2,7 @@
 simulator no torch, the engine no simpy (the import-linter contracts say the same of the
 import graph; these check what a real interpreter ends up loading)."""
 
+import json
 import subprocess
 import sys
 
@@ -71,10 +72,14 @@ def test_a_run_without_plots_loads_neither_matplotlib_nor_scipy(tmp_path) -> Non
 # What `servesim run --no-plots` needs none of: the replications' sweep machinery and joblib
 # (one run), a latency table's reader (a roofline run), matplotlib and scipy (no plots),
 # pandas (requests.csv streams, the time series is written from columns), tqdm (a short run
-# shows no bar).
+# shows no bar); for a synthetic workload, neither the trace readers, the tokenizers nor
+# the conversations, and for a catalogue model no config.json reader; statistics (a t
+# quantile's normal approximation, past 10,000 degrees of freedom).
 NOT_IN_A_RUN = ("joblib", "matplotlib", "scipy", "pandas", "tqdm", "sim.experiments.replicate",
                 "sim.experiments.sweep", "sim.experiments.runner", "sim.latency.table_files",
-                "sim.plots")
+                "sim.plots", "sim.workload.trace", "sim.workload.traces",
+                "sim.workload.csv_traces", "sim.workload.text", "sim.workload.conversations",
+                "sim.text", "sim.config.hf_config", "statistics")
 
 
 def test_a_run_without_plots_loads_only_what_it_uses(tmp_path) -> None:  # noqa: ANN001
@@ -89,3 +94,25 @@ def test_a_run_without_plots_loads_only_what_it_uses(tmp_path) -> None:  # noqa:
     assert code == "0", out.stderr
     assert (tmp_path / "out" / "summary.json").exists()
     assert loaded == "", f"servesim run --no-plots loaded {loaded}"
+
+
+def test_the_workload_package_names_load_from_their_modules_on_first_use() -> None:
+    """sim.workload re-exports its traces' and conversations' names lazily: a synthetic
+    workload loads neither; reading a name loads its module and gives that module's object."""
+    code = (
+        "import importlib, json, sys\nimport sim.workload as w\n"
+        "before = sorted(m for m in sys.modules if m.startswith(('sim.workload.', 'sim.text')))\n"
+        "same = {n: getattr(w, n) is getattr(importlib.import_module(f'sim.workload.{m}'), n)"
+        " for n, m in w._LAZY.items()}\n"
+        "print(json.dumps([before, same, set(w._LAZY) <= set(w.__all__)]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    before, same, exported = json.loads(out.stdout)
+    assert before == ["sim.workload.arrivals", "sim.workload.build", "sim.workload.config",
+                      "sim.workload.lengths", "sim.workload.prefixes"]
+    assert same and all(same.values()), same
+    assert exported  # every lazy name is part of the package's API
+    import sim.workload
+
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        sim.workload.no_such_name  # noqa: B018

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from sim.config.hf_config import read_hf_config
 from sim.config.specs import HardwareSpec, ModelSpec, RopeScaling
 
 DEFAULT_MODEL = "llama-3-8b"  # the catalogue model a command takes when none is named
@@ -180,6 +179,8 @@ def _from_fields(cls: type, catalogue: Mapping[str, Any], fields: Mapping[str, A
     if cls is ModelSpec and "config" in fields:
         if "base" in fields:
             raise ValueError("model: give config or base, not both")
+        from sim.config.hf_config import read_hf_config  # config.json's reader, for those
+
         values = spec_fields(read_hf_config(fields.pop("config")).spec)
     elif "base" in fields:
         base = _lookup(cls.__name__.removesuffix("Spec").lower(), catalogue, fields.pop("base"))

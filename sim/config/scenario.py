@@ -14,7 +14,6 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from sim.config.hf_config import read_hf_config
 from sim.config.sections import (
     EngineConfig,
     HardwareConfig,
@@ -197,6 +196,8 @@ class Scenario(StrictModel):
     def model_notes(self) -> tuple[str, ...]:
         """What a `model: {config: ...}` config.json holds that servesim does not model."""
         if isinstance(self.model, dict) and "config" in self.model:
+            from sim.config.hf_config import read_hf_config
+
             return read_hf_config(self.model["config"]).notes
         return ()
 

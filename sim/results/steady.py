@@ -132,8 +132,9 @@ def window_intervals(batches: RequestBatches, where: BatchWindow, itl: ITLSlices
                                     if arrived.sum() else math.nan)
         out["slo_attainment"] = share.clipped(0.0, 1.0)
     for metric in ("ttft", "tpot", "e2el", "queue"):
-        whole = _latency_stats(batches.latency(metric, rows))
-        per = np.array([_latency_stats(batches.latency(metric, g)) for g in groups])
+        parts = [batches.latency(metric, g) for g in groups]
+        whole = _latency_stats(_whole(parts, rows, metric))
+        per = np.array([_latency_stats(part) for part in parts])
         for j, (stat, _) in enumerate(LATENCY_STATS):
             out[f"{stat}_{metric}_ms"] = spread_interval(per[:, j], centre=whole[j])
     qs = [q if q is not None else 50.0 for _, q in LATENCY_STATS[1:]]
@@ -145,6 +146,18 @@ def window_intervals(batches: RequestBatches, where: BatchWindow, itl: ITLSlices
                if len(slices) >= 2 else np.full((1, len(LATENCY_STATS)), math.nan))
     for j, (stat, _) in enumerate(LATENCY_STATS):
         out[f"{stat}_itl_ms"] = spread_interval(per_itl[:, j], centre=float(whole_itl[j]))
+    return out
+
+
+def _whole(parts: Sequence[Latency], rows: Sequence[Batch], metric: str) -> Latency:
+    """`metric` over all `rows`, from their groups' `parts`: the parts' sketches merged (a
+    merge adds counts, so this is the rows' own merged sketch, in one merge per group
+    rather than per row) and the rows' moments merged in `RequestBatches.latency`'s order
+    (float for float: a merge of means is not associative)."""
+    out = Latency()
+    for part in parts:
+        out.sketch.update(part.sketch)
+    out.moments = _moments(rows, metric)
     return out
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import math
-from statistics import NormalDist
 
 _EPS = 1e-15
 _LARGE_DF = 1e4  # beyond it the continued fraction converges slowly; the expansion is exact
@@ -68,6 +67,8 @@ def t_ppf(p: float, df: float) -> float:
     if p < 0.5:
         return -t_ppf(1.0 - p, df)
     if df > _LARGE_DF:  # Cornish-Fisher around the normal quantile: error O(df^-3)
+        from statistics import NormalDist  # only here: no run's start-up pays for it
+
         z = NormalDist().inv_cdf(p)
         return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
                 + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))

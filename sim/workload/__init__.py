@@ -5,7 +5,13 @@
 workloads can share prefixes (`SharedPrefix`: a common system prompt) or run
 multi-turn conversations (`conversation_turns`); both name prompt content with
 `Request.prefix_block_ids`, as Mooncake traces do.
+
+The names of traces and conversations load from their modules on first use
+(`__getattr__`), so a synthetic workload's run imports neither (nor the tokenizers).
 """
+
+import importlib
+from typing import Any
 
 from sim.workload.arrivals import ArrivalProcess, arrival_chunks_s, arrival_times_s, sample_gaps_s
 from sim.workload.config import (
@@ -17,7 +23,6 @@ from sim.workload.config import (
     make_requests,
     resolve_trace_path,
 )
-from sim.workload.conversations import ConversationSpec, ThinkTime, Turn, conversation_turns
 from sim.workload.lengths import (
     Empirical,
     Fixed,
@@ -29,8 +34,12 @@ from sim.workload.lengths import (
     sample_lengths,
 )
 from sim.workload.prefixes import SharedPrefix, num_units
-from sim.workload.trace import MOONCAKE_UNIT_TOKENS, Trace
-from sim.workload.traces import TraceFormatError, detect_format, read_trace
+
+# name -> the module of this package that defines it, imported when the name is first read
+_LAZY = {"ConversationSpec": "conversations", "ThinkTime": "conversations",
+         "Turn": "conversations", "conversation_turns": "conversations",
+         "MOONCAKE_UNIT_TOKENS": "trace", "Trace": "trace", "TraceFormatError": "traces",
+         "detect_format": "traces", "read_trace": "traces"}
 
 __all__ = [
     "MOONCAKE_UNIT_TOKENS",
@@ -64,3 +73,10 @@ __all__ = [
     "sample_gaps_s",
     "sample_lengths",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

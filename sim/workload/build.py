@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,8 +32,6 @@ from sim.config.draws import (
 )
 from sim.config.workload import WorkloadConfig
 from sim.workload.arrivals import ArrivalProcess
-from sim.workload.conversations import ConversationSpec, ThinkTime
-from sim.workload.csv_traces import CSV_FORMATS
 from sim.workload.lengths import (
     Empirical,
     Fixed,
@@ -43,9 +42,13 @@ from sim.workload.lengths import (
     Uniform,
 )
 from sim.workload.prefixes import SharedPrefix
-from sim.workload.text import trace_lengths, workload_tokenizer
-from sim.workload.trace import Trace
-from sim.workload.traces import detect_format, read_column, read_trace
+
+if TYPE_CHECKING:
+    from sim.workload.conversations import ConversationSpec, ThinkTime
+    from sim.workload.trace import Trace
+
+# Traces, their tokenizers and conversations load inside the functions that read or build
+# them: a synthetic workload's run never imports them (~8 ms of a quickstart's start-up).
 
 BUILTIN_PREFIX = "builtin:"
 # the shipped traces (package data; sources, licences and citations in data/traces/README.md)
@@ -99,6 +102,9 @@ def load_trace(
     A text trace's prompts are tokenized with `tokenizer` (`workload.tokenizer`);
     `columns` maps a CSV's own column names (`trace.columns`).
     """
+    from sim.workload.text import workload_tokenizer
+    from sim.workload.traces import detect_format, read_trace
+
     with trace_file(path, base_dir) as real_path:
         is_text = (fmt or detect_format(real_path)) == "text"
         tok = workload_tokenizer(tokenizer, base_dir) if is_text else None
@@ -113,6 +119,10 @@ def _empirical_values(cfg: EmpiricalConfig, trace_path: str, column: str,
     draws need neither its arrival times nor its other lengths, and reading the whole
     trace (for each of the two distributions) took three times as long.
     """
+    from sim.workload.csv_traces import CSV_FORMATS
+    from sim.workload.text import trace_lengths
+    from sim.workload.traces import detect_format, read_column
+
     with trace_file(trace_path, base_dir) as real_path:
         fmt = cfg.format or detect_format(real_path)
         if column in ("prompt", "output") and fmt in CSV_FORMATS:
@@ -154,6 +164,8 @@ def arrival_process(cfg: PoissonArrivals | GammaArrivals | ConstantArrivals) -> 
 
 
 def think_time(cfg: float | TimeConfig) -> ThinkTime:
+    from sim.workload.conversations import ThinkTime
+
     match cfg:
         case FixedTime():
             return ThinkTime("fixed", cfg.value_s)
@@ -173,6 +185,8 @@ def shared_prefix_spec(cfg: WorkloadConfig) -> SharedPrefix | None:
 
 def conversation_spec(cfg: WorkloadConfig, base_dir: Path | None = None) -> ConversationSpec:
     """The pure spec of a `conversations:` workload (arrivals are conversation starts)."""
+    from sim.workload.conversations import ConversationSpec
+
     conv, prompt, output = cfg.conversations, cfg.prompt_tokens, cfg.output_tokens
     if conv is None or prompt is None or output is None:
         raise ValueError("conversations need conversations, prompt_tokens and output_tokens")

@@ -13,6 +13,7 @@ import math
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,11 +28,11 @@ from sim.workload.build import (
     resolve_trace_path,
     shared_prefix_spec,
 )
-from sim.workload.conversations import conversation_turns
 from sim.workload.lengths import LengthSpec, sample_lengths
 from sim.workload.prefixes import IdSource, SharedPrefix, shared_prompt
-from sim.workload.text import TextTrace, check_fill, text_requests
-from sim.workload.trace import MOONCAKE_UNIT_TOKENS, Trace, replay_times_s
+
+if TYPE_CHECKING:  # a trace's and a conversation's modules load when one is asked for
+    from sim.workload.trace import Trace
 
 __all__ = [
     "ConversationsConfig",
@@ -100,6 +101,8 @@ def _synthetic(
 def _replay(trace: Trace, times_s: Iterator[float], limit: float, end_s: float
             ) -> Iterator[Request]:
     """Request i is trace row i; Mooncake rows keep their hash_ids exactly as given."""
+    from sim.workload.trace import MOONCAKE_UNIT_TOKENS
+
     hashes = trace.prefix_block_ids
     rows = zip(times_s, trace.prompt_tokens.tolist(), trace.output_tokens.tolist(), strict=False)
     for request_id, (arrival_s, prompt, output) in enumerate(rows):
@@ -134,6 +137,9 @@ def make_requests(
     limit = cfg.num_requests if cfg.num_requests is not None else math.inf
     end_s = cfg.duration_s if cfg.duration_s is not None else math.inf
     if cfg.trace is not None:
+        from sim.workload.text import TextTrace, check_fill, text_requests
+        from sim.workload.trace import MOONCAKE_UNIT_TOKENS, replay_times_s
+
         columns = cfg.trace.columns.mapping() if cfg.trace.columns is not None else None
         trace = load_trace(
             cfg.trace.path, cfg.trace.format, cfg.trace.time_scale, base_dir, cfg.tokenizer,
@@ -160,6 +166,8 @@ def make_requests(
         raise ValueError("a synthetic workload needs arrivals, prompt_tokens and output_tokens")
     process = arrival_process(cfg.arrivals)
     if cfg.conversations is not None:
+        from sim.workload.conversations import conversation_turns
+
         spec = conversation_spec(cfg, base_dir)
         turns = conversation_turns(spec, process, seed, limit, end_s, chunk_size)
         return (turn.request for turn in turns)
