@@ -40,7 +40,8 @@ import pandas as pd
 from calibrate.fit import FitReport, fit_table
 from calibrate.measured import MeasuredDataError, read_columns
 from calibrate.synthetic import shape_grid
-from sim.config.specs import HardwareSpec, ModelSpec
+from sim.config.hardware import HardwareSpec
+from sim.config.specs import ModelSpec
 from sim.core.plan import StepShape
 from sim.latency.roofline import RooflineLatency
 from sim.latency.table_files import write_measurements

@@ -28,7 +28,7 @@ import numpy as np
 from calibrate.measured import ModelShape
 from calibrate.measured_kernels import AttentionShape
 from sim.config.catalogue import get_hardware
-from sim.config.specs import HardwareSpec
+from sim.config.hardware import HardwareSpec
 from sim.latency.roofline_terms import LayerDims
 
 # The roofline before issue 20's fit: one max(compute, HBM) over the step at these shares of

@@ -25,7 +25,8 @@ from sim.config.catalogue import DEFAULT_MODEL  # plain Python, as is dtypes: th
 from sim.config.dtypes import DTYPE_NAMES
 
 if TYPE_CHECKING:  # loaded by the command, not by `servesim --help`
-    from sim.config.specs import HardwareSpec, ModelSpec
+    from sim.config.hardware import HardwareSpec
+    from sim.config.specs import ModelSpec
 
 _GIB = 1024**3
 GPUS_PER_NODE = 8  # tensor parallelism past one node's NVLink domain is rare in practice

@@ -31,7 +31,8 @@ from sim.config.costs import (
     weights_bytes,
     weights_read_bytes,
 )
-from sim.config.specs import HardwareSpec, ModelSpec, check_ep, check_tp, kv_heads_per_gpu
+from sim.config.hardware import HardwareSpec
+from sim.config.specs import ModelSpec, check_ep, check_tp, kv_heads_per_gpu
 
 
 def smallest_fitting_tp(model: ModelSpec, hw: HardwareSpec, sequences: int,

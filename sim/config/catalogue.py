@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from sim.config.specs import HardwareSpec, ModelSpec, RopeScaling
+from sim.config.hardware import HardwareSpec
+from sim.config.specs import ModelSpec, RopeScaling
 
 DEFAULT_MODEL = "llama-3-8b"  # the catalogue model a command takes when none is named
 

@@ -17,12 +17,12 @@ from sim.config.attention import (
     layer_counts,
     linear_state_bytes,
 )
+from sim.config.checks import check_positive_int
+from sim.config.hardware import HardwareSpec
 from sim.config.moe import experts_touched_per_gpu
 from sim.config.specs import (
-    HardwareSpec,
     ModelSpec,
     check_ep,
-    check_positive_int,
     check_tp,
     expert_params,
     kv_heads_per_gpu,

@@ -6,7 +6,7 @@ point) per group of elements, and at 4 bits that adds 4-12% to the bytes streame
 step. Why a compute kind: fp8 weights with fp8 activations run on fp8 tensor cores (twice
 bf16's rate on Hopper), while weight-only int4 (AWQ/GPTQ, W4A16) is dequantised to bf16
 before the matmul, so it saves bytes but no FLOP time. A GPU without a tensor-core rate for
-a kind runs it at bf16's (sim.config.specs.HardwareSpec.flops_per_s).
+a kind runs it at bf16's (sim.config.hardware.HardwareSpec.flops_per_s).
 """
 
 from __future__ import annotations

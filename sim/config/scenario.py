@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from sim.config.hardware import HardwareSpec
 from sim.config.sections import (
     EngineConfig,
     HardwareConfig,
@@ -27,7 +28,7 @@ from sim.config.sections import (
     resolve_hardware,
     resolve_model,
 )
-from sim.config.specs import HardwareSpec, ModelSpec, check_ep, check_tp
+from sim.config.specs import ModelSpec, check_ep, check_tp
 from sim.config.speculative import SpeculativeConfig
 from sim.config.workload import WorkloadConfig
 from sim.core.schedulers import POLICIES

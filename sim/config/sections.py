@@ -13,7 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sim.config.catalogue import get_hardware, get_model, hardware_from_fields, model_from_fields
-from sim.config.specs import HardwareSpec, ModelSpec
+from sim.config.hardware import HardwareSpec
+from sim.config.specs import ModelSpec
 
 # The paged pool keeps a few Python lists of num_blocks entries (~60 bytes a block):
 # 10 million blocks is ~600 MB of host memory, far above any GPU's pool (3 million

@@ -1,12 +1,12 @@
-"""Model and GPU specs: the two values every cost formula and every world is built from.
+"""ModelSpec: the model every cost formula and every world is built from, and its counts.
 
-Parameter counts are derived from the architecture, never typed in, so a
-custom model gets the same arithmetic as a catalogued one (the catalogue of
-known models and GPUs is `sim.config.catalogue`, the formulas over them
-`sim.config.costs`, a Hugging Face config.json read into one
-`sim.config.hf_config`). Under tensor parallelism (`tp`) each GPU holds a 1/tp
-shard of the matmul weights and of the KV heads (KV heads replicate once tp
-exceeds them, as in vLLM); MLA's latent is replicated whole.
+The GPU it runs on is `sim.config.hardware.HardwareSpec`. Parameter counts are derived
+from the architecture, never typed in, so a custom model gets the same arithmetic as a
+catalogued one (the catalogue of known models and GPUs is `sim.config.catalogue`, the
+formulas over them `sim.config.costs`, a Hugging Face config.json read into one
+`sim.config.hf_config`). Under tensor parallelism (`tp`) each GPU holds a 1/tp shard of
+the matmul weights and of the KV heads (KV heads replicate once tp exceeds them, as in
+vLLM); MLA's latent is replicated whole.
 
 A model carries how it is stored: `weight_dtype` for its matmul weights,
 `expert_dtype` for its routed experts (gpt-oss keeps attention in bf16 and
@@ -17,10 +17,9 @@ embeddings, norms and routers stay in bf16 when the weights are quantised.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
-from typing import Any
 
+from sim.config.checks import check_non_negative_int, check_positive, check_positive_int
 from sim.config.dtypes import DType, carrier_dtype, get_dtype
 
 ATTENTION_KINDS = ("gqa", "mla")
@@ -177,66 +176,6 @@ class ModelSpec:
     def active_params(self) -> int:
         """Parameters one token touches: all but the experts it is not routed to."""
         return int(sum(params_by_part(self, 1, self.experts_per_token).values()))
-
-
-@dataclass(frozen=True, slots=True)
-class HardwareSpec:
-    """One accelerator; bandwidths are per direction, FLOPs are dense (no sparsity).
-
-    `fp8_flops_per_s`, `int8_flops_per_s` and `fp4_flops_per_s` are the tensor-core rates
-    of those formats; 0 means the GPU has none and such matmuls run at the bf16 rate.
-    """
-
-    name: str
-    bf16_flops_per_s: float
-    memory_bytes: float
-    memory_bandwidth_bytes_per_s: float
-    interconnect_bandwidth_bytes_per_s: float  # GPU-to-GPU, per GPU, one direction
-    host_link_bandwidth_bytes_per_s: float  # PCIe to host, one direction
-    fp8_flops_per_s: float = 0.0
-    int8_flops_per_s: float = 0.0
-    fp4_flops_per_s: float = 0.0
-    sm_count: int = 0  # streaming multiprocessors (AMD: compute units); 0 = unknown
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
-        if isinstance(self.sm_count, bool) or not isinstance(self.sm_count, int) \
-                or self.sm_count < 0:
-            raise ValueError(f"sm_count must be a whole number >= 0 (0 = unknown), got "
-                             f"{self.sm_count!r}")
-        for f in dataclasses.fields(self)[1:6]:
-            check_positive(f.name, getattr(self, f.name))
-        for f in dataclasses.fields(self)[6:]:
-            value = getattr(self, f.name)
-            if value != 0:
-                check_positive(f.name, value)
-
-    def flops_per_s(self, compute: str) -> float:
-        """Dense FLOP/s of matmuls in `compute` (a dtype's kind); bf16's where there is none."""
-        rate = getattr(self, f"{compute}_flops_per_s", 0.0) if compute != "bf16" else 0.0
-        return rate or self.bf16_flops_per_s
-
-    @property
-    def ridge_flops_per_byte(self) -> float:
-        """Arithmetic intensity above which a kernel is compute-bound."""
-        return self.bf16_flops_per_s / self.memory_bandwidth_bytes_per_s
-
-
-def check_positive_int(field: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{field} must be a positive integer, got {value!r}")
-
-
-def check_non_negative_int(field: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{field} must be a non-negative integer, got {value!r}")
-
-
-def check_positive(field: str, value: Any) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{field} must be a positive number, got {value!r}")
 
 
 def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:

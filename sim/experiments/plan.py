@@ -31,7 +31,8 @@ from sim.config.costs import (
     flops_per_token,
     max_concurrency,
 )
-from sim.config.specs import HardwareSpec, ModelSpec, check_tp
+from sim.config.hardware import HardwareSpec
+from sim.config.specs import ModelSpec, check_tp
 
 DEFAULT_TP = (1, 2, 4, 8)
 

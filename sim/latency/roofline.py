@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 
 from sim.config.attention import layer_bytes_per_token, layer_counts
 from sim.config.costs import attention_flops_per_pair, kv_bytes_per_token
-from sim.config.specs import HardwareSpec, ModelSpec, check_ep, check_tp
+from sim.config.hardware import HardwareSpec
+from sim.config.specs import ModelSpec, check_ep, check_tp
 from sim.core.plan import StepShape
 from sim.latency.roofline_fits import RooflineParams, params_for
 from sim.latency.roofline_layers import Gemm, layer_groups, model_dims

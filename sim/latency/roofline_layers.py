@@ -16,7 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from sim.config.dtypes import DType
-from sim.config.specs import HardwareSpec, ModelSpec, kv_heads_per_gpu
+from sim.config.hardware import HardwareSpec
+from sim.config.specs import ModelSpec, kv_heads_per_gpu
 from sim.latency.roofline_terms import LayerDims
 
 

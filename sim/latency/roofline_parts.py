@@ -27,7 +27,8 @@ from sim.latency.roofline_terms import (
 )
 
 if TYPE_CHECKING:
-    from sim.config.specs import HardwareSpec, ModelSpec
+    from sim.config.hardware import HardwareSpec
+    from sim.config.specs import ModelSpec
     from sim.latency.roofline_fits import RooflineParams
 
 # Row counts whose context-free parts a model remembers (see RooflineLatency._fixed_parts);
