@@ -17,8 +17,9 @@ from sim.core.kv import PagedBlockManager
 from sim.core.request import Request
 from sim.core.schedulers import ContinuousScheduler, DynamicScheduler, StaticScheduler
 from sim.latency.roofline import RooflineLatency
-from sim.observe.diagnose import TTFT_PARTS, ReplicaObserver
+from sim.observe.diagnose import TTFT_PARTS
 from sim.observe.explain import DiagnosisError, dominant_cause, explain_request, explain_run
+from sim.observe.observer import ReplicaObserver
 from sim.results.metrics import RunRecorder
 from sim.world.fleet import simulate
 

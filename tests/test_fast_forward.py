@@ -30,7 +30,7 @@ from sim.core.schedulers import ContinuousScheduler, DynamicScheduler, StaticSch
 from sim.latency import each_step_s
 from sim.latency.roofline import RooflineLatency
 from sim.latency.table import TableFit, TableLatency
-from sim.observe.diagnose import ReplicaObserver
+from sim.observe.observer import ReplicaObserver
 from sim.results.metrics import RunRecorder
 from sim.world.fleet import simulate_fleet
 from sim.world.replica import ReplicaSetup

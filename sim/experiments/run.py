@@ -19,7 +19,8 @@ from sim.assemble import build_latency, build_replica, kv_budget
 from sim.config.scenario import Scenario
 from sim.experiments.progress import DelayedBar
 from sim.observe.diagnose import COLUMNS as DIAGNOSIS_COLUMNS
-from sim.observe.diagnose import ReplicaObserver, TTFTDiagnoser
+from sim.observe.diagnose import TTFTDiagnoser
+from sim.observe.observer import ReplicaObserver
 from sim.observe.trace import choose_requests
 from sim.results.metrics import KEEP, RunRecorder
 from sim.results.requests import RequestCSV
