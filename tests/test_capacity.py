@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli.capacity import format_report, register
+from sim.cli.capacity import register
+from sim.cli.capacity_sheet import format_report
 from sim.config.capacity import capacity_report, smallest_fitting_tp
 from sim.config.catalogue import get_hardware, get_model, hardware_from_fields
 

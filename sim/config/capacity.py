@@ -1,7 +1,7 @@
 """The capacity sheet's numbers: every term of "what fits, and what bounds a decode step".
 
 A pure function returns a plain dict, so the text sheet (`servesim capacity`,
-formatted by sim.cli.capacity), its JSON and the tests all read the same
+formatted by sim.cli.capacity_sheet), its JSON and the tests all read the same
 numbers. Fit is stated, never implied by a zero: the report gives the memory
 left (signed) and the smallest tensor-parallel group that holds one sequence
 and the whole batch.
