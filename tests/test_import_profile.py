@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from calibrate.import_profile import Curve
+from calibrate.published_profile import Curve
 from sim.cli import main
 from sim.config.catalogue import get_model
 from sim.config.scenario import Scenario
@@ -244,7 +244,8 @@ def test_bad_table_step_overhead_is_one_message(tmp_path: Path, value: object, m
 def test_attention_outside_the_measured_grid_scales_as_the_roofline(tmp_path: Path) -> None:
     """Past the table's longest KV, decode attention is its edge scaled by the roofline's
     growth, not the edge itself."""
-    from calibrate.import_profile import ComposedStep, read_vidur
+    from calibrate.import_profile import ComposedStep
+    from calibrate.published_profile import read_vidur
     from sim.config.catalogue import get_hardware
     from sim.latency.roofline import RooflineLatency
 
