@@ -26,12 +26,12 @@ import torch
 
 from calibrate.sync_count import count_syncs
 from gpu_engine.attention import paged_attention
+from gpu_engine.drafters import NgramDrafter
 from gpu_engine.engine import Engine
 from gpu_engine.inputs import build_inputs
 from gpu_engine.kv_cache import PagedKVCache
 from gpu_engine.runner import ModelRunner
 from gpu_engine.sampling import SamplingParams
-from gpu_engine.speculative import NgramDrafter
 from gpu_engine.weights import build_model
 from sim.config.costs import kv_bytes_per_token
 from sim.config.specs import ModelSpec

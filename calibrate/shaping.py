@@ -21,8 +21,8 @@ import torch
 from calibrate.grid import GridPoint
 from calibrate.rig import Rig
 from gpu_engine.clock import WallClock
+from gpu_engine.drafters import NgramDrafter
 from gpu_engine.engine import Engine, StepLog
-from gpu_engine.speculative import NgramDrafter
 from sim.core.request import Request
 from sim.latency.table_format import Measurement, step_kind
 from sim.results.metrics import RunRecorder

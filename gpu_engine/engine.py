@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 import torch
 
 from gpu_engine.clock import VirtualClock, WallClock
+from gpu_engine.drafters import ModelDrafter, NgramDrafter
 from gpu_engine.kv_cache import PagedKVCache
 from gpu_engine.model import LlamaModel
 from gpu_engine.prompts import prompt_token_ids
 from gpu_engine.runner import ModelRunner
 from gpu_engine.sampling import SamplingParams, sample
 from gpu_engine.spec_step import execute_speculative
-from gpu_engine.speculative import ModelDrafter, NgramDrafter
 from sim.core.drive import drive
 from sim.core.plan import StepPlan, StepResult, StepShape
 from sim.core.request import Request

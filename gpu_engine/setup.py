@@ -20,11 +20,11 @@ from gpu_engine.devices import (  # noqa: F401 - re-exported for callers of this
     resolve_device,
     resolve_dtype,
 )
+from gpu_engine.drafters import ModelDrafter, NgramDrafter
 from gpu_engine.engine import Engine
 from gpu_engine.kv_cache import PagedKVCache
 from gpu_engine.model import refuse_unsupported
 from gpu_engine.runner import ModelRunner
-from gpu_engine.speculative import ModelDrafter, NgramDrafter
 from gpu_engine.weights import build_model
 from sim.assemble import ReplicaParts, build_replica, kv_budget
 from sim.config.costs import weights_bytes

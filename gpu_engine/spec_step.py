@@ -1,7 +1,7 @@
 """One speculative decoding step on the engine: draft, run the target once over all drafts, verify.
 
 The plan says how many drafts each decoding sequence gets (k_i, sim/core/plan.py);
-the drafter proposes them (prompt lookup or a draft model, gpu_engine.speculative),
+the drafter proposes them (prompt lookup or a draft model, gpu_engine.drafters),
 the target model runs once over all 1 + k_i positions, and each sequence keeps
 its accepted drafts plus the target's next token.
 
@@ -20,16 +20,10 @@ from typing import Protocol
 
 import torch
 
+from gpu_engine.drafters import ModelDrafter, NgramDrafter
 from gpu_engine.runner import ModelRunner
 from gpu_engine.sampling import SamplingParams
-from gpu_engine.speculative import (
-    DraftRequest,
-    ModelDrafter,
-    NgramDrafter,
-    VerifyRow,
-    unpack,
-    verify,
-)
+from gpu_engine.speculative import DraftRequest, VerifyRow, unpack, verify
 from gpu_engine.staging import stage
 from sim.core.plan import StepPlan
 

@@ -10,19 +10,13 @@ from scipy.stats import chisquare
 
 torch = pytest.importorskip("torch")
 
+from gpu_engine.drafters import ModelDrafter, NgramDrafter  # noqa: E402
 from gpu_engine.engine import Engine  # noqa: E402
 from gpu_engine.inputs import build_inputs  # noqa: E402
 from gpu_engine.kv_cache import PagedKVCache  # noqa: E402
 from gpu_engine.sampling import SamplingParams  # noqa: E402
 from gpu_engine.setup import build_engine  # noqa: E402
-from gpu_engine.speculative import (  # noqa: E402
-    Drafts,
-    ModelDrafter,
-    NgramDrafter,
-    VerifyRow,
-    unpack,
-    verify,
-)
+from gpu_engine.speculative import Drafts, VerifyRow, unpack, verify  # noqa: E402
 from sim.assemble import build_latency  # noqa: E402
 from sim.config.scenario import Scenario  # noqa: E402
 from sim.core.request import Request  # noqa: E402
