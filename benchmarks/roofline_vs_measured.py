@@ -24,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibrate.fit_roofline import FAMILY_OF_DEVICE, attention_ms
-from calibrate.fit_roofline import stack_ms as fitted_stack_ms
+from calibrate.fit_roofline import FAMILY_OF_DEVICE
 from calibrate.measured import (
     DEFAULT_ROOT,
     Fixture,
@@ -46,6 +45,8 @@ from calibrate.roofline_check import (
     linear_stack_s,
     linear_stack_terms,
 )
+from calibrate.roofline_errors import attention_ms
+from calibrate.roofline_errors import stack_ms as fitted_stack_ms
 from sim.latency.roofline_fits import FAMILIES
 
 MAX_ROWS = 4096

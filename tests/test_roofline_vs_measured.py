@@ -67,7 +67,8 @@ def _check(errors: dict[str, tuple[np.ndarray, tuple[float, float, float]]]) -> 
 
 
 def _stack_errors(device: str) -> dict[str, tuple[np.ndarray, tuple[float, float, float]]]:
-    from calibrate.fit_roofline import FAMILY_OF_DEVICE, MAX_ROWS, stack_errors
+    from calibrate.fit_roofline import FAMILY_OF_DEVICE, MAX_ROWS
+    from calibrate.roofline_errors import stack_errors
     from sim.latency.roofline_fits import FAMILIES
 
     groups = {f: tuple(r for r in rows if r.num_tokens <= MAX_ROWS)
@@ -92,8 +93,8 @@ def test_h100_linear_stacks_hold_the_issue_bounds_but_where_listed() -> None:
 
 
 def _attention() -> tuple[list, list, list]:
-    from calibrate.fit_roofline import is_warmup
     from calibrate.measured_kernels import load_decode_attention, load_prefill_attention
+    from calibrate.roofline_errors import is_warmup
 
     decode = [p for p in load_decode_attention() if p.source == "inference_sim"]
     warm = [p for p in decode if is_warmup(p, decode)]
@@ -102,7 +103,7 @@ def _attention() -> tuple[list, list, list]:
 
 
 def test_h100_attention_holds_the_issue_bounds() -> None:
-    from calibrate.fit_roofline import attention_errors
+    from calibrate.roofline_errors import attention_errors
     from sim.latency.roofline_fits import FAMILIES
 
     decode, _, prefill = _attention()
