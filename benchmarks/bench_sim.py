@@ -33,19 +33,18 @@ wall time on a shared machine.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import platform
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from bench_point import one_point  # this folder is the script's sys.path[0]
 
 HERE = Path(__file__).resolve().parent.parent
 # name: (requests, rate req/s, compared with the base); 243 req/s is 10x the 24.3 req/s one
@@ -57,114 +56,6 @@ POINTS = {"2rps": (10_000, 2.0, True), "saturating": (10_000, 200.0, True),
           # bytes a waiting request costs at 10x overload
           "200k": (200_000, 2.0, False), "overload_200k": (200_000, 243.0, False)}
 DEFAULT = ("help", "quickstart", "2rps", "saturating", "1m", "overload")
-
-
-def scenario_dict(num_requests: int, rate: float) -> dict:
-    trace = "builtin:azure_conv"
-    lengths = {"prompt_tokens": {"dist": "empirical", "trace": trace, "column": "prompt"},
-               "output_tokens": {"dist": "empirical", "trace": trace, "column": "output"}}
-    return {"name": "bench", "workload": {"arrivals": {"process": "poisson", "rate": rate},
-                                         "num_requests": num_requests, **lengths}}
-
-
-def one_point(num_requests: int, rate: float) -> dict:
-    from sim.config.scenario import Scenario
-    from sim.experiments.run import run_scenario
-
-    runs = _count_runs()
-    done = _count_recorded()
-    scenario = Scenario.model_validate(scenario_dict(num_requests, rate))
-    rss_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out_dir = Path(tempfile.mkdtemp(prefix="bench-point-"))
-    samples: list[list[float]] = []
-    stop = threading.Event()
-    sampler = threading.Thread(target=_sample_rss, args=(done, samples, stop), daemon=True)
-    sampler.start()
-    started = time.perf_counter()
-    # as `servesim run` does: requests.csv streams to disk as requests finish
-    streams = "requests_csv" in inspect.signature(run_scenario).parameters
-    result = (run_scenario(scenario, show_progress=False, requests_csv=out_dir / "requests.csv")
-              if streams else run_scenario(scenario, show_progress=False))
-    wall_s = time.perf_counter() - started
-    stop.set()
-    sampler.join()
-    shutil.rmtree(out_dir, ignore_errors=True)
-    s = result.summary
-    row = {"n": num_requests, "rate": rate, "wall_s": wall_s,
-           "sim_req_per_wall_s": num_requests / wall_s,
-           "steps": s["num_steps"], "steps_per_wall_s": s["num_steps"] / wall_s,
-           "mean_batch": s["mean_batch_size"], "sim_duration_s": s["duration"],
-           "max_waiting": int(result.recorder.steps_columns()["max_waiting"].max()),
-           "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-           "rss_after_setup_mib": rss_before_kib / 1024,
-           "rss_by_requests_done": samples}
-    slope = _slope(samples)
-    if slope is not None:
-        row["rss_bytes_per_request_done"] = slope
-    if runs is not None:
-        row["decode_runs"], row["steps_in_runs"] = runs
-        row["events"] = s["num_steps"] - runs[1] + runs[0]
-    return row
-
-
-def _count_runs() -> list[int] | None:
-    """[runs, steps in them], counted as the scheduler applies them (None: no fast-forward)."""
-    from sim.core.schedulers.continuous import ContinuousScheduler
-
-    advance = getattr(ContinuousScheduler, "advance_decodes", None)
-    if advance is None:
-        return None
-    counts = [0, 0]
-
-    def counted(self: ContinuousScheduler, run: object, begin: int, end: int,
-                step_end_s: object) -> object:
-        counts[0] += begin == 0  # a run may be applied in parts (at arrivals during it)
-        counts[1] += end - begin
-        return advance(self, run, begin, end, step_end_s)
-
-    ContinuousScheduler.advance_decodes = counted  # type: ignore[method-assign]
-    return counts
-
-
-def _count_recorded() -> list[int]:
-    """[requests recorded so far] (finished or rejected), counted as the recorder sees them."""
-    from sim.results.metrics import RunRecorder
-
-    counts = [0]
-    for name in ("record_finished", "record_rejected"):
-        method = getattr(RunRecorder, name)
-
-        def counted(self: RunRecorder, req: object, _method=method) -> None:  # noqa: ANN001
-            counts[0] += 1
-            _method(self, req)
-
-        setattr(RunRecorder, name, counted)
-    return counts
-
-
-def _rss_mib() -> float:
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * resource.getpagesize() / 2**20
-
-
-def _sample_rss(done: list[int], samples: list[list[float]], stop: threading.Event) -> None:
-    """[requests recorded, RSS MiB] every second until `stop`."""
-    while not stop.wait(1.0):
-        samples.append([done[0], round(_rss_mib(), 2)])
-
-
-def _slope(samples: list[list[float]]) -> float | None:
-    """RSS bytes per request recorded: least squares over the second half of the samples
-    (past the start-up and the queue's fill), None with too few."""
-    part = samples[len(samples) // 2:]
-    if len(part) < 5 or part[-1][0] == part[0][0]:
-        return None
-    n = len(part)
-    mx = sum(x for x, _ in part) / n
-    my = sum(y for _, y in part) / n
-    sxx = sum((x - mx) ** 2 for x, _ in part)
-    sxy = sum((x - mx) * (y - my) for x, y in part)
-    return sxy / sxx * 2**20
 
 
 def _python(checkout: Path) -> str:

@@ -5,7 +5,7 @@ memory (~200 B a request with its TTFT diagnosis) although only its summary
 travels back; now it keeps none, so its memory follows the requests in flight.
 Each command runs as a whole process (`--jobs 1`: the point runs in that
 process), its peak RSS read from the kernel as it exits (wait4), the checkouts
-in turn. The workload is bench_sim.py's: Azure conversation lengths, Poisson
+in turn. The workload is bench_point.py's (bench_sim's): Azure conversation lengths, Poisson
 arrivals, Llama-3-8B on one H100.
 
     python benchmarks/point_memory.py --base BASE                 # 200k requests at 2 req/s
@@ -26,17 +26,10 @@ import tempfile
 from pathlib import Path
 
 import yaml
+from bench_point import scenario_dict  # this folder is the script's sys.path[0]
 
 HERE = Path(__file__).resolve().parent.parent
 COMMANDS = ("sweep", "replications")
-
-
-def scenario(num_requests: int, rate: float) -> dict:
-    trace = "builtin:azure_conv"
-    return {"name": "point_memory", "workload": {
-        "arrivals": {"process": "poisson", "rate": rate}, "num_requests": num_requests,
-        "prompt_tokens": {"dist": "empirical", "trace": trace, "column": "prompt"},
-        "output_tokens": {"dist": "empirical", "trace": trace, "column": "output"}}}
 
 
 def argv(command: str, path: Path, out: Path, num_requests: int) -> list[str]:
@@ -69,7 +62,7 @@ def main() -> None:
     figures: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "point_memory.yaml"
-        path.write_text(yaml.safe_dump(scenario(a.requests, a.rate)))
+        path.write_text(yaml.safe_dump(scenario_dict(a.requests, a.rate)))
         for command in a.only or COMMANDS:
             for name, checkout in checkouts.items():
                 out = Path(tmp) / f"{command}_{name}"
