@@ -93,3 +93,13 @@ def decode_shape(shape: StepShape, s: int) -> StepShape:
                      shape.decode_context_max + s, shape.padded_batch, shape.swap_out_tokens,
                      shape.swap_in_tokens, shape.num_spec_decodes, shape.num_spec_tokens,
                      shape.spec_depth, shape.spec_context_sum)
+
+
+def split_part(part: DecodeRun, steps: int) -> tuple[DecodeRun, DecodeRun]:
+    """An applied run's part (nobody finishing, its kv_blocks_used exact) as its first
+    `steps` steps and the rest."""
+    used, rest = part.kv_blocks_used, part.steps - steps
+    return (DecodeRun(steps, part.shape, used[:steps], part.num_waiting, part.stops_at_arrival,
+                      part.block_size, part.kv_blocked),
+            DecodeRun(rest, decode_shape(part.shape, steps), used[steps:], part.num_waiting,
+                      part.stops_at_arrival, part.block_size, part.kv_blocked))

@@ -24,12 +24,12 @@ import bisect
 import heapq
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
 
-from sim.core.decode_run import DecodeRun
+from sim.core.decode_run import DecodeRun, RunSegment, split_part
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
 from sim.observe.trace import StepObserver
@@ -64,7 +64,8 @@ class _At(simpy.Event):
 @dataclass(slots=True, eq=False)
 class RunInProgress:
     """A decode run in progress: its step starts (ends_s[s]) and ends (ends_s[s + 1], also as
-    floats in step_end_s), durations, and how many of its steps are applied and recorded."""
+    floats in step_end_s), durations, how many of its steps are applied and how many
+    recorded, and what ran of the applied steps not recorded yet."""
 
     run: DecodeRun
     recorders: tuple[RunRecorder, ...]
@@ -73,6 +74,8 @@ class RunInProgress:
     step_end_s: list[float]
     finish_steps: list[int]  # the steps some finish in, not yet applied
     applied: int = 0
+    recorded: int = 0
+    unrecorded: list[RunSegment] = field(default_factory=list)  # applied, not recorded
     at: simpy.Event | None = None  # the event at its end, which the replica waits on
 
 
@@ -102,7 +105,14 @@ class ReplicaFastForward:
         if running is not None and running.finish_steps:
             upto = bisect.bisect_left(running.step_end_s, self.env.now)
             if running.finish_steps[0] < upto:
-                self._advance(upto)
+                # a lone replica's run, cut at the step now falls in: when nobody finishes
+                # from there on, its steps are applied now too (the same sequences run,
+                # nobody is recorded: no reader of the running set or the queue can tell)
+                # and recorded at its end, when their queues are known (one apply, not two)
+                steps = len(running.step_end_s)
+                whole = (self.fleet_log is None and steps < running.run.steps
+                         and running.finish_steps[-1] < upto)
+                self._advance(upto, steps if whole else upto)
 
     def _begin_run(self, run: DecodeRun, recorders: tuple[RunRecorder, ...]) -> simpy.Event:
         """Start holding the clock for a decode run as one event: the event at its end,
@@ -184,8 +194,9 @@ class ReplicaFastForward:
                 break
         return np.concatenate(pieces)
 
-    def _advance(self, upto: int) -> None:
-        """Apply and record the running decode run's steps before `upto` not applied yet.
+    def _advance(self, upto: int, apply_to: int = 0) -> None:
+        """Record the running decode run's steps before `upto` not recorded yet, applying
+        those not applied yet up to `apply_to` (at least `upto`).
 
         Called at each arrival during the run with the steps that ended before it (a
         step ending at the arrival's instant is not over: the arrival goes first), so
@@ -193,17 +204,27 @@ class ReplicaFastForward:
         then, in the same order; and at the run's end with the rest."""
         state = self._run
         assert state is not None and self._run_arrivals is not None
-        begin = state.applied
+        begin = state.recorded
         if upto <= begin:
             return
-        state.applied = upto
+        state.recorded = upto
         if self.fleet_log is not None:  # the first step not handed to the log yet
             self._source.horizon_s = (state.step_end_s[upto] if upto < len(state.step_end_s)
                                       else math.inf)
         while state.finish_steps and state.finish_steps[0] < upto:
             del state.finish_steps[0]
         run, ends_s, duration_s = state.run, state.ends_s, state.duration_s
-        ran = self.scheduler.advance_decodes(run, begin, upto, state.step_end_s)
+        ran = state.unrecorded
+        if apply_to < upto:
+            apply_to = upto
+        if apply_to > state.applied:
+            ran = ran + self.scheduler.advance_decodes(run, state.applied, apply_to,
+                                                       state.step_end_s)
+            state.applied = apply_to
+        if state.applied > upto:  # the steps from `upto` on are recorded later
+            ran, state.unrecorded = _split_at(ran, upto)
+        else:
+            state.unrecorded = []
         if self._run_arrivals:  # joined the queue by each step's end
             waiting = np.array(self._run_arrivals).searchsorted(ends_s[begin + 1:upto + 1],
                                                                 side="right")
@@ -249,3 +270,16 @@ class ReplicaFastForward:
         if upto > seen:
             observer.on_decode_steps(start_s[seen:upto], duration_s[seen:upto], kv_blocked)
             feed[3] = upto
+
+
+def _split_at(ran: list[RunSegment], upto: int) -> tuple[list[RunSegment], list[RunSegment]]:
+    """What ran before step `upto`, and from it on (no finisher's step from `upto` on)."""
+    for j, segment in enumerate(ran):
+        if segment.start >= upto:
+            return ran[:j], ran[j:]
+        if segment.start + segment.run.steps > upto:
+            assert segment.finish is None
+            head, tail = split_part(segment.run, upto - segment.start)
+            return ran[:j] + [RunSegment(segment.start, head, None)], \
+                [RunSegment(upto, tail, None)] + ran[j + 1:]
+    return ran, []
