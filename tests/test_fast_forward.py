@@ -25,7 +25,7 @@ from sim.core.contiguous import ContiguousAllocator
 from sim.core.decode_run import decode_shape
 from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepShape
-from sim.core.request import Request
+from sim.core.request import Request, RequestState
 from sim.core.schedulers import ContinuousScheduler, DynamicScheduler, StaticScheduler
 from sim.latency import each_step_s
 from sim.latency.roofline import RooflineLatency
@@ -373,3 +373,16 @@ def test_replicas_behind_a_router_fast_forward(router, count, ties) -> None:
     else:
         assert sum(ran) > 0.5 * fleet.num_steps
     assert fleet.num_steps == sum(s.recorder.num_steps for s in setups)
+
+
+def test_a_rejection_during_a_run_is_recorded_after_its_finishers() -> None:
+    """A lone replica records a run at its end; an arrival rejected during it is recorded
+    after the run's finishers before it, as step by step (requests_frame's order)."""
+    rows = [(0.0, 20, 10, 0), (0.0, 20, 120, 0), (0.3, 450, 100, 0), (0.31, 30, 5, 0)]
+    config = {"policy": "continuous", "blocks": 2000, "block": 16, "seqs": 32, "budget": 512,
+              "chunked": True, "prefix": False, "swap": False, "watermark": 0.0,
+              "graphs": False, "batch": 1}
+    reqs = simulate(rows, config, 1, "round_robin", ROOF, True)[0]
+    assert reqs[0].finish_s < reqs[2].arrival_s < reqs[1].finish_s  # during r1's run
+    assert reqs[2].state is RequestState.REJECTED  # prompt + output > max_model_len 500
+    assert_same(rows, config, 1, "round_robin", ROOF)

@@ -5,7 +5,7 @@ is priced in one call (_price: `LatencyModel.decode_run_s`, segment by
 segment), held as one event at its end (_At, at the exact float step by step's
 timeouts would have reached), cut by an arrival that joins it (_truncate: behind
 a router; a lone replica's run already ends at the step the next arrival lands
-in), caught up before each arrival (catch_up, _advance: its finishers leave, the
+in), caught up before each arrival (catch_up, _apply, _record: its finishers leave, the
 scheduler's advance_decodes applies its steps, the recorders and the fleet's log
 get them in bulk) and shown to an observer that takes decode runs
 (_feed_observer). Every float and every record is step by step's
@@ -98,21 +98,31 @@ class ReplicaFastForward:
     _source: LogSource
     # and Replica._log, which hands steps to the fleet's log
 
-    def catch_up(self) -> None:
-        """A run's finishers before now leave first (applied and recorded up to now): the
-        router, the observer and the recorders see what step by step's would."""
+    def catch_up(self, record: bool = False) -> None:
+        """A run's finishers before now leave first (applied up to now): the router, the
+        observer and the queue see what step by step's would. Behind a router they are
+        recorded now too (and with `record`: a rejection is recorded after them); a lone
+        replica records its run at its end, when every step's queue is known, in one pass.
+
+        A lone replica's run is cut at the step now falls in: when nobody finishes from
+        there on, that step is applied now too (the same sequences run on and nobody
+        leaves: no reader of the running set or the queue can tell), not in a call of
+        its own."""
         running = self._run
-        if running is not None and running.finish_steps:
-            upto = bisect.bisect_left(running.step_end_s, self.env.now)
-            if running.finish_steps[0] < upto:
-                # a lone replica's run, cut at the step now falls in: when nobody finishes
-                # from there on, its steps are applied now too (the same sequences run,
-                # nobody is recorded: no reader of the running set or the queue can tell)
-                # and recorded at its end, when their queues are known (one apply, not two)
-                steps = len(running.step_end_s)
-                whole = (self.fleet_log is None and steps < running.run.steps
-                         and running.finish_steps[-1] < upto)
-                self._advance(upto, steps if whole else upto)
+        if running is None:
+            return
+        upto = bisect.bisect_left(running.step_end_s, self.env.now)
+        finishers = bool(running.finish_steps) and running.finish_steps[0] < upto
+        if self.fleet_log is not None:
+            if finishers:
+                self._record(upto)
+            return
+        if finishers:
+            steps = len(running.step_end_s)
+            whole = steps < running.run.steps and running.finish_steps[-1] < upto
+            self._apply(steps if whole else upto)
+        if record:
+            self._record(upto)
 
     def _begin_run(self, run: DecodeRun, recorders: tuple[RunRecorder, ...]) -> simpy.Event:
         """Start holding the clock for a decode run as one event: the event at its end,
@@ -167,7 +177,7 @@ class ReplicaFastForward:
         if self._run_feed is not None:
             self._feed_observer(math.inf)
             self._run_feed = None
-        self._advance(len(state.step_end_s))
+        self._record(len(state.step_end_s))
         self._run = self._run_arrivals = None
         if self.fleet_log is not None:
             self._source.horizon_s = math.inf
@@ -194,37 +204,39 @@ class ReplicaFastForward:
                 break
         return np.concatenate(pieces)
 
-    def _advance(self, upto: int, apply_to: int = 0) -> None:
-        """Record the running decode run's steps before `upto` not recorded yet, applying
-        those not applied yet up to `apply_to` (at least `upto`).
+    def _apply(self, upto: int) -> None:
+        """Apply the running decode run's steps before `upto` not applied yet (the
+        scheduler's side: blocks taken, finishers retired), keeping what ran to record."""
+        state = self._run
+        assert state is not None
+        if upto <= state.applied:
+            return
+        state.unrecorded += self.scheduler.advance_decodes(state.run, state.applied, upto,
+                                                           state.step_end_s)
+        state.applied = upto
+        while state.finish_steps and state.finish_steps[0] < upto:
+            del state.finish_steps[0]
 
-        Called at each arrival during the run with the steps that ended before it (a
-        step ending at the arrival's instant is not over: the arrival goes first), so
-        the scheduler, the observer and the recorders see what step by step's would
-        then, in the same order; and at the run's end with the rest."""
+    def _record(self, upto: int) -> None:
+        """Record the running decode run's steps before `upto` not recorded yet (applied
+        first where they are not), in step by step's order: the recorders, the fleet's log
+        and the finishers' count see them as step by step's would by then (a step ending
+        at an arrival's instant is not over: the arrival goes first)."""
         state = self._run
         assert state is not None and self._run_arrivals is not None
         begin = state.recorded
         if upto <= begin:
             return
+        self._apply(upto)
         state.recorded = upto
         if self.fleet_log is not None:  # the first step not handed to the log yet
             self._source.horizon_s = (state.step_end_s[upto] if upto < len(state.step_end_s)
                                       else math.inf)
-        while state.finish_steps and state.finish_steps[0] < upto:
-            del state.finish_steps[0]
         run, ends_s, duration_s = state.run, state.ends_s, state.duration_s
-        ran = state.unrecorded
-        if apply_to < upto:
-            apply_to = upto
-        if apply_to > state.applied:
-            ran = ran + self.scheduler.advance_decodes(run, state.applied, apply_to,
-                                                       state.step_end_s)
-            state.applied = apply_to
         if state.applied > upto:  # the steps from `upto` on are recorded later
-            ran, state.unrecorded = _split_at(ran, upto)
+            ran, state.unrecorded = _split_at(state.unrecorded, upto)
         else:
-            state.unrecorded = []
+            ran, state.unrecorded = state.unrecorded, []
         if self._run_arrivals:  # joined the queue by each step's end
             waiting = np.array(self._run_arrivals).searchsorted(ends_s[begin + 1:upto + 1],
                                                                 side="right")

@@ -127,6 +127,7 @@ class Replica(ReplicaFastForward):
     def submit(self, request: Request) -> None:
         self.catch_up()
         if not self.scheduler.add(request, self.env.now):
+            self.catch_up(record=True)  # after what finished before now
             self.recorder.record_rejected(request)
             if self.fleet_log is not None:  # after every step ended before now
                 self.fleet_log.rejected(request, self.env.now)
