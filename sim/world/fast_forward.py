@@ -5,12 +5,12 @@ is priced in one call (_price: `LatencyModel.decode_run_s`, segment by
 segment), held as one event at its end (_At, at the exact float step by step's
 timeouts would have reached), cut by an arrival that joins it (_truncate: behind
 a router; a lone replica's run already ends at the step the next arrival lands
-in), caught up before each arrival (catch_up, _apply, _record: its finishers leave, the
-scheduler's advance_decodes applies its steps, the recorders and the fleet's log
-get them in bulk) and shown to an observer that takes decode runs
-(_feed_observer). Every float and every record is step by step's
-(`fast_forward=False`, the tests' oracle; docs/ARCHITECTURE.md, "Exact
-fast-forward of decode runs").
+in), caught up before each arrival (catch_up: its finishers leave, the scheduler's
+advance_decodes applies its steps, _apply), recorded in bulk (_record: the recorders
+and the fleet's log; a lone replica's once, at the run's end) and shown to an
+observer that takes decode runs (_feed_observer). Every float and every record is
+step by step's (`fast_forward=False`, the tests' oracle; docs/ARCHITECTURE.md,
+"Exact fast-forward of decode runs").
 
 It is apart from replica.py, the step-by-step loop that decides when a run may
 start and waits on its event, because it is the one place that trades events for
