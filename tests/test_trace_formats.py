@@ -19,7 +19,9 @@ from sim.cli import main
 from sim.config.draws import EmpiricalConfig
 from sim.workload import WorkloadConfig, make_requests
 from sim.workload.build import BUILTIN_TRACES, length_spec, load_trace
+from sim.workload.csv_traces import read_cells
 from sim.workload.text import trace_lengths
+from sim.workload.trace_rows import counts
 from sim.workload.traces import TraceFormatError, detect_format, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -330,3 +332,32 @@ def test_compare_speeds_up_a_bare_trace_and_sets_the_rate_of_an_untimed_one(
                                        "arrivals": POISSON})
     scenario = untimed.scenario(untimed.spec.variants[0], 8.0)
     assert scenario.workload.arrivals.rate == 8.0 and scenario.workload.trace.time_scale == 1.0
+
+
+# ---------------------------------------------------------------- the reader's two paths
+
+
+@pytest.mark.parametrize(("body", "lines"), [
+    ("0,5,1\n1,007,2\n2,12,3\n", [2, 3, 4]),            # one line a row: sliced whole
+    ("0,5,1\n\n1,007,2\n2,12,3\n", [2, 4, 5]),          # a blank row: row by row
+    ('0,5,1\n1,007,"2"\n2,12,3,extra\n', [2, 3, 4]),    # quotes and a surplus field
+    ('0,"5",1\n1,007,"2\n"\n2,12,3\n', [2, 4, 5]),      # a quoted newline: row by row,
+                                                       # a row's line is where it ends
+])
+def test_both_readers_give_the_same_cells_and_the_files_own_line_numbers(
+        tmp_path: Path, body: str, lines: list[int]) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + body, newline="")
+    got_lines, (prompts, outputs) = read_cells(path, ["prompt_tokens", "output_tokens"])
+    assert got_lines == lines
+    assert prompts == ["5", "007", "12"]
+    assert counts(prompts, got_lines, path, "prompt_tokens").tolist() == [5, 7, 12]
+    assert [o.strip() for o in outputs] == ["1", "2", "3"]
+
+
+@pytest.mark.parametrize("cells", [["1", "007", "42"], ["+3", " 12", "4"], ["1_000", "2"],
+                                   ["9" * 18, "0"], ["\u0661\u0662", "3"]])
+def test_token_counts_read_as_numpy_reads_them(tmp_path: Path, cells: list[str]) -> None:
+    got = counts(cells, list(range(2, 2 + len(cells))), tmp_path / "t.csv", "prompt_tokens")
+    assert got.dtype == np.int64
+    assert got.tolist() == np.asarray(cells, dtype=np.str_).astype(np.int64).tolist()
