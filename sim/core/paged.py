@@ -97,11 +97,9 @@ class PagedBlockManager:
 
     # -- prefix cache --------------------------------------------------------
     def cached_prefix_tokens(self, request: Request) -> int:
-        """Tokens `request` would find cached now (whole blocks, prompt and output); changes
-        nothing."""
-        if not self.enable_prefix_cache:
-            return 0
-        return len(self._prefix.match(request)) * self.block_size
+        """Tokens `request` would find cached now (whole blocks, prompt and output)."""
+        cached = len(self._prefix.match(request)) if self.enable_prefix_cache else 0
+        return cached * self.block_size
 
     def cache_computed(self, request_id: int, num_tokens: int) -> None:
         """Name the request's blocks that its first `num_tokens` tokens fill.
@@ -112,10 +110,6 @@ class PagedBlockManager:
         table = self._tables.get(request_id)
         if table is not None and self.enable_prefix_cache:  # names exist only with the cache
             self._prefix.name(request_id, table, num_tokens)
-
-    def _hold_names(self, request_id: int, request: Request | None, num_named: int) -> None:
-        if request is not None and self.enable_prefix_cache:
-            self._prefix.hold(request_id, request, num_named)
 
     # -- operations ----------------------------------------------------------
     def allocate(self, request_id: int, num_tokens: int, use_watermark: bool = True,
@@ -155,7 +149,8 @@ class PagedBlockManager:
                 self._queue.remove(block)
             refcounts[block] += 1
         self._tables[request_id] = tuple(hits) + self._take(needed)
-        self._hold_names(request_id, request, len(hits))
+        if request is not None and self.enable_prefix_cache:
+            self._prefix.hold(request_id, request, len(hits))
         tokens = len(hits) * self.block_size
         self.num_hit_tokens += tokens
         return tokens
@@ -203,13 +198,15 @@ class PagedBlockManager:
         A block without a name goes to the front of the queue, reused first (LIFO);
         a named one to the back (LRU), keeping its name until taken for other content.
         """
-        self._host_used -= self._host.pop(request_id, 0)  # an aborted swapped-out request
-        self._prefix.release(request_id)
-        refcounts, hashes = self._refcounts, self._prefix.names
+        if self._host:  # an aborted swapped-out request
+            self._host_used -= self._host.pop(request_id, 0)
         table = self._tables.pop(request_id, ())
+        refcounts = self._refcounts
         if refcounts is None:  # no prefix cache: no names, every block its table's alone
             self._queue.push_front(table)
             return
+        self._prefix.release(request_id)
+        hashes = self._prefix.names
         for block in table:
             refcounts[block] -= 1
         released = [block for block in table if not refcounts[block]]  # head first
@@ -236,10 +233,8 @@ class PagedBlockManager:
 
     # -- swap ----------------------------------------------------------------
     def swap_out(self, request_id: int) -> int:
-        """Park the request's blocks in the host pool and free them here; returns the count.
-
-        -1 when the host pool lacks room; then nothing changes.
-        """
+        """Park the request's blocks in the host pool and free them here; returns the count
+        (-1 when the host pool lacks room; then nothing changes)."""
         count = len(self._tables.get(request_id, ()))
         if self._host_used + count > self.host_swap_blocks:
             return -1
@@ -269,7 +264,8 @@ class PagedBlockManager:
         if needed > free:
             return -1
         self._tables[request_id] = self._take(needed)
-        self._hold_names(request_id, request, 0)
+        if request is not None and self.enable_prefix_cache:
+            self._prefix.hold(request_id, request, 0)
         del self._host[request_id]
         self._host_used -= count
         self.num_swapped_in_blocks += count
