@@ -59,15 +59,16 @@ def add_in_order(init: np.ndarray, terms: np.ndarray, starts: np.ndarray) -> np.
     short = lengths <= width
     rows = np.flatnonzero(short)
     if rows.size:
-        longest = int(lengths[rows].max())
+        longest, some = int(lengths[rows].max()), lengths[rows]
         # a group a column, its terms down the rows: the accumulate adds whole rows
         block = np.full((longest + 1, rows.size, *terms.shape[1:]), -0.0)
         block[0] = init[rows]
-        group = np.repeat(np.arange(rows.size), lengths[rows])
-        take = np.repeat(starts[rows], lengths[rows])
-        offset = np.arange(group.size) - np.repeat(np.cumsum(lengths[rows]) - lengths[rows],
-                                                   lengths[rows])
-        block[offset + 1, group] = terms[take + offset]
+        group = np.repeat(np.arange(rows.size), some)
+        offset = np.arange(group.size) - np.repeat(np.cumsum(some) - some, some)
+        # (row, group) as one index into the block's rows of k (one fancy index, not two)
+        at = (offset + 1) * rows.size + group
+        block.reshape(-1, *terms.shape[1:])[at] = (
+            terms if rows.size == groups else terms[np.repeat(starts[rows], some) + offset])
         out[rows] = np.add.accumulate(block, axis=0)[-1]
     for g in np.flatnonzero(~short).tolist():
         a, n = int(starts[g]), int(lengths[g])

@@ -64,22 +64,24 @@ class ITLSlices:
 
     def _add_rising(self, idx: np.ndarray, gap_s: np.ndarray, weights: np.ndarray) -> None:
         """Steps in slices `idx` (covered, non-decreasing): each slice one group."""
-        keys = np.full(len(gap_s), -(2**62), dtype=np.int64)
-        timed = gap_s > 0
-        keys[timed] = floor_log(gap_s[timed], _SCALE)
+        if float(gap_s.min()) > 0:
+            keys = floor_log(gap_s, _SCALE)
+        else:
+            keys = np.full(len(gap_s), -(2**62), dtype=np.int64)
+            timed = gap_s > 0
+            keys[timed] = floor_log(gap_s[timed], _SCALE)
         starts = np.flatnonzero(np.diff(idx, prepend=-1))
         slices = idx[starts].tolist()
         init = np.array([[self._sum[i]] for i in slices])
         sums = add_in_order(init, (gap_s * weights)[:, None], starts)[:, 0].tolist()
-        # every (slice, bin) pair's weight: one sort for all the slices
-        order = np.lexsort((keys, idx))
-        pair_idx, pair_key = idx[order], keys[order]
-        first = np.flatnonzero((np.diff(pair_idx, prepend=-1) != 0)
-                               | (np.diff(pair_key, prepend=pair_key[0] - 1) != 0))
-        totals = np.add.reduceat(weights[order], first)
+        # each run of steps in one (slice, bin) pair adds its weight at once (neighbouring
+        # steps' gaps mostly share a bin: about one run in ten steps)
+        first = np.flatnonzero((np.diff(idx, prepend=-1) != 0)
+                               | (np.diff(keys, prepend=keys[0] - 1) != 0))
+        totals = np.add.reduceat(weights, first)
         bins = self._bins
-        for i, key, count in zip(pair_idx[first].tolist(), pair_key[first].tolist(),
-                                 totals.tolist(), strict=True):
+        for i, key, count in zip(idx[first].tolist(), keys[first].tolist(), totals.tolist(),
+                                 strict=True):
             bins[i][key] += count
         counts = np.add.reduceat(weights, starts).tolist()
         for i, total_s, count in zip(slices, sums, counts, strict=True):
