@@ -186,11 +186,11 @@ class RequestBatches:
         for i in {*here.tolist(), *gone.tolist()}:
             if batches[i] is None:
                 batches[i] = Batch()
-        for i, count, total_s in _grouped(here, arrival_s, self._arrival_sums):
+        for i, count, total_s in _grouped(here, arrival_s, lambda i: batches[i].arrival_sum_s):
             b = batches[i]
             b.arrived += count  # type: ignore[union-attr]
             b.arrival_sum_s = total_s  # type: ignore[union-attr]
-        for i, count, total_s in _grouped(gone, leave_s, self._left_sums):
+        for i, count, total_s in _grouped(gone, leave_s, lambda i: batches[i].left_sum_s):
             b = batches[i]
             b.left += count  # type: ignore[union-attr]
             b.left_sum_s = total_s  # type: ignore[union-attr]
@@ -244,12 +244,6 @@ class RequestBatches:
             batches[i].good += count  # type: ignore[union-attr]
         for i, count in _counts(gone[good]):
             batches[i].good_here += count  # type: ignore[union-attr]
-
-    def _arrival_sums(self, i: int) -> float:
-        return self._batches[i].arrival_sum_s  # type: ignore[union-attr]
-
-    def _left_sums(self, i: int) -> float:
-        return self._batches[i].left_sum_s  # type: ignore[union-attr]
 
     @property
     def num_batches(self) -> int:
