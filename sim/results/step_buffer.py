@@ -10,7 +10,7 @@ default), held until the fold as the recorded tuples and the decode runs'
 arrays, then laid out as rows of 2 floats and 12 ints.
 
 A decode run costs one tuple until the fold, which lays out every run of the
-block in a few numpy operations: its per-run values are one broadcast row, and
+block in a few numpy operations: its per-run values are one row repeated over its steps, and
 the KV slots held and live tokens, which grow by rule along the run, are stored
 as that rule (held = blocks x block size + a constant, live = a + b x row) and
 expanded then.
@@ -22,7 +22,7 @@ from array import array
 
 import numpy as np
 
-# int columns: the first `_CONSTANTS` are constant along a decode run (one broadcast write)
+# int columns: the first `_CONSTANTS` are constant along a decode run (one row, repeated)
 _INTS = ("batch_size", "num_running", "tokens", "tokens_emitted", "decodes", "padded_batch",
          "block_size", "held_extra", "live_at_0", "live_per_row", "num_waiting",
          "kv_blocks_used")
@@ -79,36 +79,38 @@ class StepBuffer:
 
     def take(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """The filled rows as (start_s, duration_s, int columns by COLUMNS' names), and
-        empty the buffer (the arrays are the caller's)."""
+        empty the buffer (the arrays are the caller's).
+
+        Runs and single steps are segments of rows in the order recorded: the constant
+        columns repeat each segment's values over its rows (one np.repeat), and the four
+        that vary along a run are gathered from the runs' arrays and the single steps'
+        values (no scatter: numpy's fancy assignment costs ~25 instructions an element).
+        """
         k = self.size
-        floats = np.empty((2, k))  # a column a row: each one contiguous
+        runs = np.frombuffer(self._run_ints, dtype=np.int64).reshape(-1, len(_RUN_INTS))
+        # single steps: _row's fields; ints below 2**53 go through float64 exactly
+        rows = np.array(self._rows, dtype=np.float64).reshape(-1, 14)
+        first = np.concatenate((runs[:, 0], self._row_at)).astype(np.int64)
+        lengths = np.concatenate((runs[:, 1], np.ones(len(rows), dtype=np.int64)))
+        constants = np.empty((len(first), _CONSTANTS), dtype=np.int64)
+        n = runs[:, 2]  # a run's batch size, running, tokens, emitted, decodes
+        constants[:len(runs)] = np.stack((n, n, n, n, n, runs[:, 3], runs[:, 4],
+                                          np.zeros_like(n), runs[:, 5], n), axis=1)
+        constants[len(runs):] = rows[:, 2:2 + _CONSTANTS]
+        varying = [np.concatenate((*self._run_arrays[j::4], rows[:, column]))
+                   for j, column in enumerate((0, 1, 12, 13))]
+        if len(runs) and len(rows):  # interleaved: each row's place in `varying`
+            order = np.argsort(first, kind="stable")
+            source = np.cumsum(lengths) - lengths  # where a segment's values start
+            at = np.repeat(source[order] - first[order], lengths[order]) + np.arange(k)
+            constants, lengths = constants[order], lengths[order]
+            varying = [np.take(column, at) for column in varying]
         ints = np.empty((len(_INTS), k), dtype=np.int64)
-        if self._run_arrays:
-            arrays = self._run_arrays
-            first, lengths, n, padded, block_size, live_at_0 = np.frombuffer(
-                self._run_ints, dtype=np.int64).reshape(-1, len(_RUN_INTS)).T
-            # the runs' rows: all of them unless single steps lie between
-            at: slice | np.ndarray = slice(None) if not self._rows else np.repeat(
-                first - (np.cumsum(lengths) - lengths), lengths) + np.arange(
-                    int(lengths.sum()))
-            floats[0, at] = np.concatenate(arrays[0::4])
-            floats[1, at] = np.concatenate(arrays[1::4])
-            per_run = np.repeat(np.stack((n, padded, block_size, live_at_0)), lengths, axis=1)
-            ints[:5, at] = per_run[0]  # batch size, running, tokens, emitted, decodes
-            ints[5, at], ints[6, at] = per_run[1], per_run[2]
-            ints[7, at] = 0  # held_extra
-            ints[8, at], ints[9, at] = per_run[3], per_run[0]
-            ints[_CONSTANTS, at] = np.concatenate(arrays[2::4])
-            ints[_CONSTANTS + 1, at] = np.concatenate(arrays[3::4])
-            self._run_arrays, self._run_ints = [], array("q")
-        if self._rows:
-            rows = np.array(self._rows).T  # ints below 2**53 go through float64 exactly
-            at = np.array(self._row_at)
-            floats[:, at] = rows[:2]
-            ints[:, at] = rows[2:]
-            self._rows, self._row_at = [], []
+        ints[:_CONSTANTS] = np.repeat(constants, lengths, axis=0).T  # a row at a time
+        ints[_CONSTANTS], ints[_CONSTANTS + 1] = varying[2], varying[3]
+        self._rows, self._row_at, self._run_arrays, self._run_ints = [], [], [], array("q")
         self.size = 0
         c = dict(zip(_INTS, ints, strict=True))
         c["kv_held"] = c["kv_blocks_used"] * c.pop("block_size") + c.pop("held_extra")
         c["kv_live"] = c.pop("live_at_0") + c.pop("live_per_row") * np.arange(k)
-        return floats[0], floats[1], c
+        return varying[0], varying[1], c
