@@ -79,6 +79,36 @@ def test_ctrl_c_stops_with_130_one_line_and_no_partial_directory(
     assert (out / "summary.json").read_text() == "old"
 
 
+def test_ctrl_c_while_numpy_random_loads_is_not_lost(tmp_path: Path) -> None:
+    """numpy.random's Cython modules drop an error raised while they register with
+    collections.abc: a Ctrl-C landing there used to be lost and the run went on. Here the
+    Ctrl-C lands exactly there (ABCMeta.register wrapped to raise it) in a short run."""
+    path = tmp_path / "s.yaml"
+    path.write_text(LONG.replace("5000000", "2000"))
+    code = f"""
+import abc, signal, sys
+register, hit = abc.ABCMeta.register, []
+def register_interrupted(cls, subclass):
+    if getattr(subclass, "__module__", "") == "numpy.random._generator" and not hit:
+        hit.append(1)
+        print("ctrl-c now", file=sys.stderr, flush=True)
+        signal.raise_signal(signal.SIGINT)
+    return register(cls, subclass)
+abc.ABCMeta.register = register_interrupted
+sys.argv = ["servesim", "run", {str(path)!r}, "--out", {str(tmp_path / "out")!r}, "--quiet"]
+from sim.cli import console
+console()
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    if "ctrl-c now" not in done.stderr:
+        pytest.skip("this numpy.random registers nothing with collections.abc as it loads")
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "interrupted"
+    assert not (tmp_path / "out").exists()
+    assert staging(tmp_path) == []
+
+
 def test_a_worker_takes_no_semaphore_for_its_progress_bars() -> None:
     """A killed worker leaks what it holds: a bar's default multiprocessing lock would be
     one (Python warns of leaked semaphores at exit after Ctrl-C)."""

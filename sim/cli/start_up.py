@@ -40,10 +40,27 @@ def started() -> None:
 
     Only where `begin()` turned the collector off: an in-process caller of
     `sim.cli.main` (the tests) keeps its collector, and its objects, as they were.
+    And numpy.random is loaded now, where a Ctrl-C cannot be lost (_load_numpy_random).
     """
+    _load_numpy_random()
     if not gc.isenabled():
         gc.freeze()
         gc.enable()
+
+
+def _load_numpy_random() -> None:
+    """Import numpy.random with Ctrl-C held until it is in (then raised as usual).
+
+    Every run draws from it, and numpy loads it on first use, so it used to load
+    once the run had begun. Its Cython modules register with collections.abc as
+    they load and drop any error raised meanwhile, a KeyboardInterrupt too: a
+    Ctrl-C landing there was lost and the run went on (1 run in 4-12 in
+    tests/test_cli_signals.py, interrupted as soon as its staging directory exists).
+    """
+    from sim.results.output_dir import signals_held
+
+    with signals_held():
+        import numpy.random  # noqa: F401
 
 
 def leaving() -> None:

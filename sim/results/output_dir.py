@@ -40,7 +40,7 @@ STAGE_PREFIX = ".servesim-"
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
+def signals_held() -> Iterator[None]:
     """Ctrl-C and SIGTERM wait until the block ends (main thread; elsewhere nothing).
 
     The handlers are swapped for one that only notes the signal, and a noted signal is
@@ -158,7 +158,7 @@ class Staging:
                 parent.mkdir()
                 self._created.append(parent)
             path = self._fresh(STAGE_PREFIX)
-            with _signals_held():
+            with signals_held():
                 os.mkdir(path)
                 self.path = path
                 self._cleanup = weakref.finalize(self, shutil.rmtree, path, True)
@@ -177,7 +177,7 @@ class Staging:
     def commit(self) -> Path:
         """Put the written run in place of the target (the old run, if any, is deleted)."""
         aside = None
-        with _signals_held():
+        with signals_held():
             if os.path.lexists(self.target):
                 aside = self._fresh(STAGE_PREFIX + "old-")
                 os.rename(self.target, aside)
