@@ -27,8 +27,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# summary.json keys, CSV columns and stdout lines that carry wall-clock time or the commit
-WALL_KEYS = ("provenance", "simulation_wall_s")
+# JSON keys (summary.json's, a cached sweep point's), CSV columns and stdout lines that
+# carry wall-clock time or the commit
+WALL_KEYS = ("provenance", "simulation_wall_s", "wall_s")
 WALL_COLUMNS = ("wall_s", "wall_ms", "device_ms")
 WALL_LINE_MARKS = ("s wall", "served in")
 
@@ -106,7 +107,7 @@ def record(out: Path) -> int:
     return 0
 
 
-def _summary(path: Path) -> str:
+def _json(path: Path) -> str:
     data = json.loads(path.read_text())
     for key in WALL_KEYS:
         data.pop(key, None)
@@ -132,8 +133,8 @@ def _text(path: Path) -> str:
 
 def comparable(path: Path) -> str | bytes:
     """The file's content with its wall-clock fields left out."""
-    if path.name == "summary.json":
-        return _summary(path)
+    if path.suffix == ".json":
+        return _json(path)
     if path.suffix == ".csv":
         return _csv(path)
     if path.suffix in (".stdout", ".md"):

@@ -146,7 +146,7 @@ class ReplicaFastForward:
             steps = min(steps, int(ends_s[1:].searchsorted(at_s)) + 1)
         self._run_arrivals = []
         self._run = RunInProgress(run, recorders, ends_s, duration_s, ends_s[1:steps + 1].tolist(),
-                             [start - 1 for start, _ in run.segments[1:] if start <= steps])
+                             [segment[0] - 1 for segment in run.segments if segment[0] <= steps])
         if self.observer is not None:
             self._run_feed = [ends_s[:steps], duration_s[:steps], run.kv_blocked, 0]
         if behind:

@@ -58,7 +58,7 @@ def describe_run(batch: RunningBatch, kv: KVManager, paged: bool,
             if steps < 2:
                 return None
     first = _shape(n, sum(contexts), max(contexts), graph_sizes)
-    segments = [(0, first)]
+    segments: list[tuple[int, int, int, int, int]] = []
     if first_out < steps - 1:  # some finish before the last step: a segment after each
         # the rows left after a finishers' step f are those finishing later: walk the rows
         # latest finisher first, and open a segment where the finish step changes
@@ -71,8 +71,8 @@ def describe_run(batch: RunningBatch, kv: KVManager, paged: bool,
             left, total = left + 1, total + context
             if context > top:
                 top = context
-        segments += [(s, _shape(m, total + s * m, top + s, graph_sizes))
-                     for s, m, total, top in reversed(after)]
+        segments = [(s, m, total + s * m, top + s, _padded(m, graph_sizes))
+                    for s, m, total, top in reversed(after)]
     return DecodeRun(steps, first, np.empty(0, dtype=np.int64), num_waiting,
                      not num_waiting, bs, kv_blocked, tuple(segments))
 
@@ -94,8 +94,13 @@ def _blocks_taken(computed: np.ndarray, finish: np.ndarray, steps: int, bs: int
 
 def _shape(n: int, context_sum: int, context_max: int, graph_sizes: tuple[int, ...]) -> StepShape:
     """A plain-decode step's shape: n decodes with these contexts (padded for graphs)."""
+    return StepShape((), (), n, context_sum, context_max, _padded(n, graph_sizes))
+
+
+def _padded(n: int, graph_sizes: tuple[int, ...]) -> int:
+    """The batch n decodes run as: the graph size they are padded to, if any."""
     padded = padded_batch_size(n, graph_sizes) if graph_sizes else n
-    return StepShape((), (), n, context_sum, context_max, padded if padded > n else n)
+    return padded if padded > n else n
 
 
 def apply_run(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
@@ -107,12 +112,10 @@ def apply_run(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
     step's new blocks, then the blocks it filled named), then the finishers of a
     segment's last step retired (their blocks freed) at its end, `step_end_s[s]`."""
     out: list[RunSegment] = []
-    segments = run.segments or ((0, run.shape),)
-    last = len(segments) - 1
-    for j, (start, shape) in enumerate(segments):
+    for start, length, shape in run.segment_lengths():
         if start >= end:
             break  # this segment and those after it run later
-        seg_end = segments[j + 1][0] if j < last else run.steps
+        seg_end = start + length
         if seg_end <= begin:
             continue  # applied already
         first = start if start > begin else begin

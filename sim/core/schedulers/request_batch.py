@@ -112,13 +112,13 @@ class RequestBatch:
         if steps < 2:
             return None
         charged = self._charged(live, tuple(r.num_computed_tokens for r in live))
-        segments = [(0, self._decode_shape(len(live), sum(charged), max(charged)))]
+        segments = []
         for s in sorted({x for x in left if x < steps}):  # after a finishers' step s - 1
             rest = [c for c, x in zip(charged, left, strict=True) if x > s]
             m = len(rest)
-            segments.append((s, self._decode_shape(m, sum(rest) + s * m, max(rest) + s)))
-        return DecodeRun(steps, segments[0][1], np.full(steps, kv.num_used_blocks,
-                                                        dtype=np.int64),
+            segments.append((s, m, sum(rest) + s * m, max(rest) + s, self.padded_batch))
+        return DecodeRun(steps, self._decode_shape(len(live), sum(charged), max(charged)),
+                         np.full(steps, kv.num_used_blocks, dtype=np.int64),
                          num_waiting, False, kv.block_size, kv_blocked, tuple(segments))
 
     def live_context_sum(self) -> int:
