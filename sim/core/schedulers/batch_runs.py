@@ -18,7 +18,6 @@ from itertools import accumulate
 
 import numpy as np
 
-from sim.core.batching import padded_batch_size
 from sim.core.decode_run import DecodeRun, FinishStep, RunSegment, decode_shape
 from sim.core.kv import KVManager, PagedBlockManager
 from sim.core.plan import StepPlan, StepShape
@@ -28,13 +27,15 @@ from sim.core.schedulers.running_columns import COMPUTED, DONE, TARGET
 
 
 def describe_run(batch: RunningBatch, kv: KVManager, paged: bool,
-                 graph_sizes: tuple[int, ...], num_waiting: int, kv_blocked: bool,
+                 padded_of: tuple[int, ...], num_waiting: int, kv_blocked: bool,
                  max_steps: int) -> DecodeRun | None:
     """The next plain-decode steps: across finishes while nobody waits, else up to the first
     finisher's step; cut where the free pool (frees aside) cannot cover the blocks.
 
     In plain Python over the rows (a few, mostly), numpy only where the pool runs short. The
-    run's kv_blocks_used is left empty: the applied parts (apply_run) carry theirs."""
+    run's kv_blocks_used is left empty: the applied parts (apply_run) carry theirs.
+    `padded_of[n]`: the batch n decodes run as (padded to a CUDA graph's size, or n), a
+    table lookup for the ~20 segments a run describes."""
     n = len(batch.rids)
     # one read of the columns computed, known, done, target (in this order)
     contexts, _, done, target = batch.state[COMPUTED:TARGET + 1, :n].tolist()
@@ -57,7 +58,7 @@ def describe_run(batch: RunningBatch, kv: KVManager, paged: bool,
             steps = int(taken.searchsorted(kv.num_free_blocks, side="right"))
             if steps < 2:
                 return None
-    first = _shape(n, sum(contexts), max(contexts), graph_sizes)
+    first = StepShape((), (), n, sum(contexts), max(contexts), padded_of[n])
     segments: list[tuple[int, int, int, int, int]] = []
     if first_out < steps - 1:  # some finish before the last step: a segment after each
         # the rows left after a finishers' step f are those finishing later: walk the rows
@@ -71,7 +72,7 @@ def describe_run(batch: RunningBatch, kv: KVManager, paged: bool,
             left, total = left + 1, total + context
             if context > top:
                 top = context
-        segments = [(s, m, total + s * m, top + s, _padded(m, graph_sizes))
+        segments = [(s, m, total + s * m, top + s, padded_of[m])
                     for s, m, total, top in reversed(after)]
     return DecodeRun(steps, first, np.empty(0, dtype=np.int64), num_waiting,
                      not num_waiting, bs, kv_blocked, tuple(segments))
@@ -90,17 +91,6 @@ def _blocks_taken(computed: np.ndarray, finish: np.ndarray, steps: int, bs: int
     # rows still taking at cycle j, by phase: those that take more than j blocks
     taking = hist.reshape(cycles + 1, bs)[::-1].cumsum(axis=0)[::-1]
     return taking[1:].ravel()[:steps]
-
-
-def _shape(n: int, context_sum: int, context_max: int, graph_sizes: tuple[int, ...]) -> StepShape:
-    """A plain-decode step's shape: n decodes with these contexts (padded for graphs)."""
-    return StepShape((), (), n, context_sum, context_max, _padded(n, graph_sizes))
-
-
-def _padded(n: int, graph_sizes: tuple[int, ...]) -> int:
-    """The batch n decodes run as: the graph size they are padded to, if any."""
-    padded = padded_batch_size(n, graph_sizes) if graph_sizes else n
-    return padded if padded > n else n
 
 
 def apply_run(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
@@ -125,12 +115,12 @@ def apply_run(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
             shape = decode_shape(shape, first - start)
         n = len(batch.rids)
         state = batch.state
-        # one read of the columns computed, known, done, target (in this order)
-        contexts, _, done, target = state[COMPUTED:TARGET + 1, :n].tolist()
+        contexts = state[COMPUTED, :n].tolist()
         used = _take_blocks(batch, contexts, k, kv, paged, naming)
         state[COMPUTED:DONE + 1, :n] += k
-        # only a segment's last step has finishers (an arrival may cut it before)
-        finishers = [i for i in range(n) if target[i] - done[i] == k] \
+        # only a segment's last step has finishers (an arrival may cut it before): those
+        # done now, found in numpy (a batch is ~40-250 rows)
+        finishers = (state[DONE, :n] == state[TARGET, :n]).nonzero()[0].tolist() \
             if stop == seg_end else None
         if not finishers:
             out.append(RunSegment(first, _part(run, k, shape, used), None))

@@ -116,6 +116,9 @@ class ContinuousScheduler(ContinuousAdmission):
         self._batch = RunningBatch(self.running, kv, self._spec)
         # CUDA graphs: a decode-only step runs padded to the next captured batch size
         self._graph_sizes = graph_batch_sizes(max_num_seqs) if cuda_graphs else ()
+        # the batch n plain decodes run as, by n (describe_run's segments look it up)
+        self._padded_of = tuple(padded_batch_size(n, self._graph_sizes) if n and cuda_graphs
+                                else n for n in range(max_num_seqs + 1))
 
     @property
     def speculative_tokens(self) -> int:
@@ -224,7 +227,7 @@ class ContinuousScheduler(ContinuousAdmission):
         if on_kv and not (blocked is not None and blocked[0] is waiting[0]
                           and self.kv.num_free_blocks <= blocked[1]):
             return None
-        return describe_run(batch, self.kv, self._paged is not None, self._graph_sizes,
+        return describe_run(batch, self.kv, self._paged is not None, self._padded_of,
                             len(waiting), on_kv, max_steps)
 
     def advance_decodes(self, run: DecodeRun, begin: int, end: int,
