@@ -4,14 +4,12 @@ a fleet replicas.csv, for a traced run timeline.csv. No pictures here (sim.plots
 The CLI writes into a staging directory that replaces the old run whole
 (sim.results.output_dir), so files here need no atomic renames of their own;
 a simulated run streams requests.csv into it as requests finish
-(sim.results.requests.RequestCSV). Plain columns are written with the csv
-module in pandas' format (floats as repr, NaN empty), so a run without plots
-loads no pandas.
+(sim.results.requests.RequestCSV). Plain columns are written in pandas' format
+(floats as repr, NaN empty), so a run without plots loads no pandas.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,20 +25,25 @@ if TYPE_CHECKING:
 
 
 def write_columns(path: Path, columns: Mapping[str, np.ndarray]) -> Path:
-    """Numeric columns as CSV, byte for byte what pandas' to_csv(index=False) writes."""
+    """Numeric columns as CSV, byte for byte what pandas' to_csv(index=False) writes.
+
+    Lines are joined here, not by the csv module: a number's cell never needs quoting,
+    and the csv writer's own per-character scan of each cell costs as much as its repr.
+    """
+    cells = [_cells(np.asarray(col)) for col in columns.values()]
+    lines = [",".join(columns), *map(",".join, zip(*cells, strict=True))]
     with open(path, "w", newline="") as f:
-        out = csv.writer(f, lineterminator="\n")  # a float as its repr, as pandas writes it
-        out.writerow(list(columns))
-        out.writerows(zip(*(_cells(np.asarray(col)) for col in columns.values()), strict=True))
+        f.write("\n".join(lines) + "\n")
     return path
 
 
-def _cells(col: np.ndarray) -> list[Any]:
-    """A column's values for the csv writer: NaN as None, which it writes empty."""
-    cells = col.tolist()
-    if col.dtype.kind in "biuUS" or col.dtype.kind == "f" and not np.isnan(col).any():
-        return cells  # nothing to blank
-    return [None if x != x else x for x in cells]
+def _cells(col: np.ndarray) -> list[str]:
+    """A numeric column's cells as the csv module writes them: a float as its repr (an int's
+    repr is its str), NaN empty."""
+    cells = list(map(repr, col.tolist()))
+    if col.dtype.kind == "f" and np.isnan(col).any():
+        return ["" if c == "nan" else c for c in cells]
+    return cells
 
 
 def write_run_files(out_dir: Path, summary: dict[str, Any], requests: pd.DataFrame | None,
