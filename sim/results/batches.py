@@ -30,7 +30,7 @@ import numpy as np
 
 from sim.results.inorder import add_in_order
 from sim.results.latency_samples import Latency
-from sim.results.sketch import bucket_keys
+from sim.results.sketch import add_grouped
 from sim.results.slo import SLO
 
 METRICS = ("ttft", "tpot", "e2el", "queue")
@@ -157,10 +157,12 @@ class RequestBatches:
         The requests go in pieces between the widenings add() makes (before the same
         request), so within a piece every batch is of one width; a batch's sums add its
         requests' times in order (`add_in_order`) and its latencies' moments follow them
-        one by one (`Latency.add_keyed`).
+        one by one (`Moments.add_all`); the sketches take the samples after the last
+        widening (`add_grouped`).
         """
         leave_s = np.where(finished, finish_s, arrival_s)
         total, pos, top = len(arrival_s), 0, self.max_batches
+        samples: list[tuple[float, dict[str, tuple[np.ndarray, np.ndarray]]]] = []
         while pos < total:
             with np.errstate(invalid="ignore"):  # NaN: refused below, as add() does
                 gone = (leave_s[pos:] / self.width_s).astype(np.int64)
@@ -172,16 +174,30 @@ class RequestBatches:
                 self._batch(float(arrival_s[pos]))
                 continue
             part = slice(pos, stop)
-            self._add_covered(here[:stop - pos], gone[:stop - pos], arrival_s[part],
-                              leave_s[part], first_scheduled_s[part], first_token_s[part],
-                              finish_s[part], output_tokens[part], finished[part])
+            samples.append((self.width_s, self._add_covered(
+                here[:stop - pos], gone[:stop - pos], arrival_s[part], leave_s[part],
+                first_scheduled_s[part], first_token_s[part], finish_s[part],
+                output_tokens[part], finished[part])))
             pos = stop
+        # the sketches' samples go in after the widenings, at the final width (a batch of
+        # a piece is batch // 2^(widenings since)): a sketch's counts, min and max do not
+        # depend on the order or the merges they came by, so no merge carries them
+        for name in METRICS:
+            pieces = [(by_metric[name], round(self.width_s / width_s))
+                      for width_s, by_metric in samples if name in by_metric]
+            if pieces:
+                add_grouped(lambda i, name=name: self._batches[i].latency[name].sketch,
+                            np.concatenate([at // widened for (at, _), widened in pieces]),
+                            np.concatenate([clamped for (_, clamped), _ in pieces]))
 
     def _add_covered(self, here: np.ndarray, gone: np.ndarray, arrival_s: np.ndarray,
                      leave_s: np.ndarray, first_scheduled_s: np.ndarray,
                      first_token_s: np.ndarray, finish_s: np.ndarray,
-                     output_tokens: np.ndarray, finished: np.ndarray) -> None:
-        """Requests whose arrival and leave batches `here` and `gone` are covered."""
+                     output_tokens: np.ndarray, finished: np.ndarray
+                     ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Requests whose arrival and leave batches `here` and `gone` are covered; their
+        latencies' moments go in here, and their samples (batch, clamped value) by metric
+        come back for the sketches (`add_grouped`)."""
         batches = self._batches
         for i in {*here.tolist(), *gone.tolist()}:
             if batches[i] is None:
@@ -199,7 +215,7 @@ class RequestBatches:
         self.last_arrival_s = max(self.last_arrival_s, max(arrivals))
         self.last_leave_s = max(self.last_leave_s, max(leave_s.tolist()))
         if not finished.any():
-            return
+            return {}
         done, a = finished, arrival_s
         ttft, e2el, out = first_token_s - a, finish_s - a, output_tokens
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -208,6 +224,21 @@ class RequestBatches:
             batches[i].finished += count  # type: ignore[union-attr]
         for i, count in _counts(gone[done]):
             batches[i].done_here += count  # type: ignore[union-attr]
+        slo = self.slo
+        if slo is not None:
+            with np.errstate(invalid="ignore"):
+                good = done.copy()
+                if slo.ttft_ms is not None:
+                    good &= ttft * 1e3 <= slo.ttft_ms
+                if slo.tpot_ms is not None:
+                    good &= np.isnan(tpot) | (tpot * 1e3 <= slo.tpot_ms)
+                if slo.e2el_ms is not None:
+                    good &= e2el * 1e3 <= slo.e2el_ms
+            for i, count in _counts(here[good]):
+                batches[i].good += count  # type: ignore[union-attr]
+            for i, count in _counts(gone[good]):
+                batches[i].good_here += count  # type: ignore[union-attr]
+        samples: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for name, x in (("ttft", ttft), ("tpot", tpot), ("e2el", e2el),
                         ("queue", first_scheduled_s - a)):
             keep = done & (x == x)  # not NaN
@@ -215,35 +246,18 @@ class RequestBatches:
             if not at.size:
                 continue
             order = np.argsort(at, kind="stable")  # each batch's samples in their order
-            at, values = at[order], values[order]
-            clamped = np.where(values > 0.0, values, 0.0)  # as Latency.add gives the sketch
-            positive = clamped > 0.0
-            keys = bucket_keys(clamped[positive]).tolist()  # every batch's in one call
-            before = np.concatenate(([0], np.cumsum(positive))).tolist()  # keys before row
-            starts = np.flatnonzero(np.diff(at, prepend=-1))
-            ends = [*starts[1:].tolist(), len(at)]
-            listed, clamped_list = values.tolist(), clamped.tolist()
-            for i, lo, hi in zip(at[starts].tolist(), starts.tolist(), ends, strict=True):
+            ordered = at[order]
+            starts = np.flatnonzero(np.diff(ordered, prepend=-1))
+            ends = [*starts[1:].tolist(), len(ordered)]
+            listed = values[order].tolist()
+            for i, lo, hi in zip(ordered[starts].tolist(), starts.tolist(), ends, strict=True):
                 latency = batches[i].latency  # type: ignore[union-attr]
                 part = latency.get(name)
                 if part is None:
                     part = latency[name] = Latency()
-                part.add_keyed(listed[lo:hi], clamped_list[lo:hi], keys[before[lo]:before[hi]])
-        slo = self.slo
-        if slo is None:
-            return
-        with np.errstate(invalid="ignore"):
-            good = done.copy()
-            if slo.ttft_ms is not None:
-                good &= ttft * 1e3 <= slo.ttft_ms
-            if slo.tpot_ms is not None:
-                good &= np.isnan(tpot) | (tpot * 1e3 <= slo.tpot_ms)
-            if slo.e2el_ms is not None:
-                good &= e2el * 1e3 <= slo.e2el_ms
-        for i, count in _counts(here[good]):
-            batches[i].good += count  # type: ignore[union-attr]
-        for i, count in _counts(gone[good]):
-            batches[i].good_here += count  # type: ignore[union-attr]
+                part.moments.add_all(listed[lo:hi])
+            samples[name] = (at, np.where(values > 0.0, values, 0.0))  # as Latency.add clamps
+        return samples
 
     @property
     def num_batches(self) -> int:

@@ -30,6 +30,16 @@ class Moments:
         self.mean += delta / self.count
         self.m2 += delta * (x - self.mean)
 
+    def add_all(self, values: list[float]) -> None:
+        """add(x) for each x in order: the loop with the fields in locals."""
+        count, mean, m2 = self.count, self.mean, self.m2
+        for x in values:
+            count += 1
+            delta = x - mean
+            mean += delta / count
+            m2 += delta * (x - mean)
+        self.count, self.mean, self.m2 = count, mean, m2
+
     def update(self, other: Moments) -> None:
         """Chan, Golub and LeVeque's pairwise merge."""
         n = self.count + other.count
@@ -64,28 +74,18 @@ class Latency:
         m.mean += delta / m.count
         m.m2 += delta * (x - m.mean)
 
-    def add_keyed(self, values: list[float], clamped: list[float], keys: list[int]) -> None:
-        """add(x) for each x of `values` in order, given them clamped at 0 and the sketch
-        buckets of the positive ones (QuantileSketch.add_keyed); the moments stay a loop."""
-        self.sketch.add_keyed(clamped, keys)
-        m = self.moments
-        count, mean, m2 = m.count, m.mean, m.m2
-        for x in values:
-            count += 1
-            delta = x - mean
-            mean += delta / count
-            m2 += delta * (x - mean)
-        m.count, m.mean, m.m2 = count, mean, m2
-
     def update(self, other: Latency) -> None:
         self.sketch.update(other.sketch)
         self.moments.update(other.moments)
 
     @classmethod
     def merged(cls, parts: Iterable[Latency]) -> Latency:
+        """The parts' sketches in one merge (QuantileSketch.merged); moments one by one."""
+        chosen = list(parts)
         out = cls()
-        for part in parts:
-            out.update(part)
+        out.sketch = QuantileSketch.merged(part.sketch for part in chosen)
+        for part in chosen:
+            out.moments.update(part.moments)
         return out
 
     def describe_ms(self) -> dict[str, float]:

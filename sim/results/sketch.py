@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -77,18 +77,16 @@ class QuantileSketch:
             self.max = value
 
     def _cover(self, lo: int, hi: int) -> None:
-        """Widen the array to hold buckets lo..hi (and what it held)."""
-        counts = self._counts
-        if not counts:
-            self._counts, self._offset = array("q", bytes(8 * (hi - lo + 1))), lo
-            return
-        top = self._offset + len(counts) - 1
-        if lo < self._offset:
-            counts = array("q", bytes(8 * (self._offset - lo))) + counts
-            self._offset = lo
-        if hi > top:
-            counts.extend(array("q", bytes(8 * (hi - top))))
-        self._counts = counts
+        """Widen the array to hold buckets lo..hi (and what it held): one new array, and
+        none where it holds them already (most merges)."""
+        counts, offset = self._counts, self._offset
+        if counts:
+            if offset <= lo and hi < offset + len(counts):
+                return
+            lo, hi = min(lo, offset), max(hi, offset + len(counts) - 1)
+        grown = array("q", bytes(8 * (hi - lo + 1)))
+        grown[offset - lo:offset - lo + len(counts)] = counts
+        self._counts, self._offset = grown, lo
 
     def add_all(self, values: Iterable[float]) -> None:
         for value in values:
@@ -108,11 +106,8 @@ class QuantileSketch:
         in order (`bucket_keys`): the caller bins many sketches' samples in one call."""
         if keys:
             lo, hi = min(keys), max(keys)
-            counts = self._counts
-            if not counts or lo < self._offset or hi >= self._offset + len(counts):
-                self._cover(lo, hi)
-                counts = self._counts
-            offset = self._offset
+            self._cover(lo, hi)
+            counts, offset = self._counts, self._offset
             for key in keys:
                 counts[key - offset] += 1
         self.zeros += len(values) - len(keys)
@@ -128,7 +123,9 @@ class QuantileSketch:
         """Add `other`'s samples to this sketch (same relative error)."""
         if other.relative_error != self.relative_error:
             raise ValueError("cannot merge sketches of different relative error")
-        if other._counts:
+        if not self._counts:  # the first of a merge: a copy
+            self._counts, self._offset = array("q", other._counts), other._offset
+        elif other._counts:
             lo, size = other._offset, len(other._counts)
             self._cover(lo, lo + size - 1)
             start = lo - self._offset
@@ -143,10 +140,24 @@ class QuantileSketch:
     @classmethod
     def merged(cls, sketches: Iterable[QuantileSketch],
                relative_error: float = DEFAULT_RELATIVE_ERROR) -> QuantileSketch:
-        """One sketch of every sample of `sketches` (an empty one if there are none)."""
+        """One sketch of every sample of `sketches` (an empty one if there are none): the
+        counts of all of them added into one numpy array, not one merge (and array) each."""
+        parts = list(sketches)
+        if any(s.relative_error != relative_error for s in parts):
+            raise ValueError("cannot merge sketches of different relative error")
         out = cls(relative_error)
-        for sketch in sketches:
-            out.update(sketch)
+        held = [s for s in parts if s._counts]
+        if held:
+            lo = min(s._offset for s in held)
+            total = np.zeros(max(s._offset + len(s._counts) for s in held) - lo, np.int64)
+            for s in held:
+                start = s._offset - lo
+                total[start:start + len(s._counts)] += np.frombuffer(s._counts, np.int64)
+            out._counts, out._offset = array("q", total.tobytes()), lo
+        out.zeros = sum(s.zeros for s in parts)
+        out.count = sum(s.count for s in parts)
+        out.min = min((s.min for s in parts), default=math.inf)
+        out.max = max((s.max for s in parts), default=-math.inf)
         return out
 
     @property
@@ -182,6 +193,23 @@ def bucket_keys(values: np.ndarray, relative_error: float = DEFAULT_RELATIVE_ERR
     """QuantileSketch.add's bucket of each positive value, ceil(log(v) / log(gamma)) with
     math.log's floats, in bulk: ceil(x) = -floor(-x), and `floor_log` bins as math.log."""
     return -floor_log(values, -_inv_log_gamma(relative_error))
+
+
+def add_grouped(sketch_of: Callable[[int], QuantileSketch], group: np.ndarray,
+                values: np.ndarray) -> None:
+    """sketch_of(g).add(v) for each sample v of group g (values >= 0), in bulk: the groups'
+    bucket keys in one numpy call, then one add_keyed a group (a sketch's counts, min and
+    max do not depend on the order its samples come in)."""
+    order = np.argsort(group, kind="stable")
+    group, values = group[order], values[order]
+    positive = values > 0.0
+    keys = bucket_keys(values[positive]).tolist()
+    before = np.concatenate(([0], np.cumsum(positive))).tolist()  # keys before each row
+    starts = np.flatnonzero(np.diff(group, prepend=-1))
+    ends = [*starts[1:].tolist(), len(group)]
+    listed = values.tolist()
+    for g, lo, hi in zip(group[starts].tolist(), starts.tolist(), ends, strict=True):
+        sketch_of(g).add_keyed(listed[lo:hi], keys[before[lo]:before[hi]])
 
 
 def linear_quantiles(values: np.ndarray, cum: np.ndarray, q: np.ndarray, lowest: float,

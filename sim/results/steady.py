@@ -28,6 +28,7 @@ from sim.results.batches import Batch, RequestBatches
 from sim.results.intervals import Interval, pooled, spread_interval
 from sim.results.itl_slices import ITLSlices
 from sim.results.latency_samples import Latency, Moments
+from sim.results.sketch import QuantileSketch
 from sim.results.steady_state import Window, mann_kendall, weighted_mser_cut
 
 NUM_BATCHES = 20
@@ -155,8 +156,7 @@ def _whole(parts: Sequence[Latency], rows: Sequence[Batch], metric: str) -> Late
     rather than per row) and the rows' moments merged in `RequestBatches.latency`'s order
     (float for float: a merge of means is not associative)."""
     out = Latency()
-    for part in parts:
-        out.sketch.update(part.sketch)
+    out.sketch = QuantileSketch.merged(part.sketch for part in parts)
     out.moments = _moments(rows, metric)
     return out
 
