@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 WALL_KEYS = ("provenance", "simulation_wall_s", "wall_s")
 WALL_COLUMNS = ("wall_s", "wall_ms", "device_ms")
 WALL_LINE_MARKS = ("s wall", "served in")
+CACHE = ".servesim-cache"  # sweep points cached under names that hash the commit
 
 COMPARE_SPEC = """\
 name: identity_compare
@@ -142,10 +143,20 @@ def comparable(path: Path) -> str | bytes:
     return path.read_bytes()
 
 
+def _cached(root: Path) -> list[str | bytes]:
+    """The sweep-point cache's entries, by content: their names hash the commit."""
+    return sorted((comparable(p) for p in root.rglob("*")
+                   if p.is_file() and CACHE in p.relative_to(root).parts), key=str)
+
+
 def compare(a: Path, b: Path) -> int:
-    files_a = {p.relative_to(a) for p in a.rglob("*") if p.is_file()}
-    files_b = {p.relative_to(b) for p in b.rglob("*") if p.is_file()}
+    files_a, files_b = ({p.relative_to(root) for p in root.rglob("*")
+                         if p.is_file() and CACHE not in p.relative_to(root).parts}
+                        for root in (a, b))
     bad = 0
+    if _cached(a) != _cached(b):
+        print(f"DIFFERS: the {CACHE} entries")
+        bad += 1
     for rel in sorted(files_a ^ files_b):
         print(f"only in {'first' if rel in files_a else 'second'}: {rel}")
         bad += 1
@@ -161,7 +172,8 @@ def compare(a: Path, b: Path) -> int:
         else:
             print(f"DIFFERS: {rel}")
             bad += 1
-    print(f"{len(same)} files identical (wall times and provenance aside), {bad} not")
+    print(f"{len(same)} files identical (wall times and provenance aside), {bad} not "
+          f"({len(_cached(a))} cached points compared by content)")
     return 1 if bad else 0
 
 
