@@ -44,23 +44,32 @@ class RooflineRuns(RooflineParts):
             head, lm_head_s, cpu_s, collectives_s = self._decode_parts(shape)
             per_token_s = pair_s if pair_s >= token_s else token_s
             tokens0 = first + n  # step s: tokens0 + s * n, an integer (exact as a float)
-            if steps >= NUMPY_RUN_STEPS:
-                t = np.arange(tokens0, tokens0 + steps * n, n, dtype=np.float64)
-                t *= per_token_s
-                t += launch_s
+            # a step's kernel time, launch_s + tokens * per_token_s, never falls as the contexts
+            # grow (a rounded sum or product never decreases when an operand grows): under
+            # min_s in the last step, every step takes the same float; at or over it in the
+            # first, no step is held at the minimum
+            if launch_s + (tokens0 + (steps - 1) * n) * per_token_s < min_s:
+                return np.full(steps, head + layers * min_s + lm_head_s + cpu_s + collectives_s)
+            floored = launch_s + tokens0 * per_token_s < min_s
+            if steps < NUMPY_RUN_STEPS:
+                kernel_s = [launch_s + k * per_token_s
+                            for k in range(tokens0, tokens0 + steps * n, n)]
+                if floored:
+                    kernel_s = [t if t >= min_s else min_s for t in kernel_s]
+                return np.array([head + layers * t + lm_head_s + cpu_s + collectives_s
+                                 for t in kernel_s])
+            t = np.arange(tokens0, tokens0 + steps * n, n, dtype=np.float64)
+            t *= per_token_s
+            t += launch_s
+            if floored:
                 np.maximum(t, min_s, out=t)
-                t *= layers
-                t += head
-                t += lm_head_s
-                t += cpu_s
+            t *= layers
+            t += head
+            t += lm_head_s
+            t += cpu_s
+            if collectives_s:  # none on one GPU: adding 0.0 changes no positive float
                 t += collectives_s
-                return t
-            out = []
-            for s in range(steps):
-                t = launch_s + (tokens0 + s * n) * per_token_s
-                out.append(head + layers * (t if t >= min_s else min_s) + lm_head_s + cpu_s
-                           + collectives_s)
-            return np.array(out)
+            return t
         parts = self._parts(shape)
         if not parts:
             return np.zeros(steps)

@@ -186,7 +186,10 @@ class ReplicaFastForward:
     def _price(self, run: DecodeRun, now_s: float, at_s: float) -> np.ndarray:
         """`now_s`, then the durations of the run's steps up to the one running at `at_s`
         (all of them if it ends sooner): segment by segment, a segment's steps at least its
-        first one's long (contexts only grow), so no more are priced than can run."""
+        first one's long (contexts only grow), so no more are priced than can run, and its
+        steps times its first one's (at most their sum) counted off the time left: pricing
+        goes on while time may be left. (Too few priced would only end the run early: the
+        next run goes on from the same floats.)"""
         price, step_time = self.latency.decode_run_s, self.latency.step_time
         pieces: list = [(now_s,)]
         within_s = at_s - now_s
@@ -197,9 +200,8 @@ class ReplicaFastForward:
             first_s = step_time(shape)
             if first_s > 0:
                 steps = min(steps, int(within_s / first_s) + 2)
-            piece = price(shape, steps)
-            pieces.append(piece)
-            within_s -= float(np.add.reduce(piece))
+            pieces.append(price(shape, steps))
+            within_s -= steps * first_s
             if within_s < 0:
                 break
         return np.concatenate(pieces)
