@@ -184,3 +184,20 @@ def test_a_plain_decode_prices_as_the_sum_of_its_parts(n, context_sum, pad, mode
         total += parts[key]
     assert roof.step_time(shape) == total + 0.0
     assert roof.step_time(shape) == RooflineLatency(spec, H100, tp=tp).step_time(shape)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("steps", [1, 5, 31, 32, 200])
+@pytest.mark.parametrize("context", [100, 6_000, 6_800, 20_000])
+def test_decode_run_equals_step_time_around_the_attention_minimum(context: int, steps: int,
+                                                                  tp: int) -> None:
+    """decode_run_s prices a run whose attention kernels all sit at attention_min_s as one
+    float, skips the minimum where none does, and applies it where the run crosses it:
+    each of these runs (contexts under, crossing and over ~6.9k tokens on an 8B H100) is
+    step_time's, float for float, in plain floats (short runs) and numpy (long ones)."""
+    roof = RooflineLatency(LLAMA_8B, H100, tp=tp)
+    shape = decode(4, context // 4)
+    steps_s = [roof.step_time(StepShape(num_decodes=4, decode_context_sum=context + 4 * s,
+                                        decode_context_max=context // 4 + s, padded_batch=4))
+               for s in range(steps)]
+    assert roof.decode_run_s(shape, steps).tolist() == steps_s
