@@ -19,15 +19,15 @@ checkout a point also counts the events fast-forward leaves: each run of
 decode steps is one event, every other step one; the ceiling is steps /
 events, the speed-up if an event's cost did not depend on what it covers.
 
-`help` and `quickstart` time start-up, so they run as an installed servesim
-does: with its modules' bytecode cached. pip compiles site-packages at install
-and a first run writes the cache of an editable checkout, unless
-PYTHONDONTWRITEBYTECODE is set (as on the machines these figures come from:
-every process would then compile the project's ~120 modules again, ~0.1 s).
-Each checkout gets a cache of its own under a temporary PYTHONPYCACHEPREFIX,
-filled by one untimed run of each command, so neither checkout is written to.
-Their rows also give the process's CPU time (user + system), steadier than
-wall time on a shared machine.
+Every point runs as an installed servesim does: with its modules' bytecode
+cached. pip compiles site-packages at install and a first run writes the cache
+of an editable checkout, unless PYTHONDONTWRITEBYTECODE is set (as on the
+machines these figures come from: every process would then compile the
+project's ~120 modules again, ~0.1 s). Each checkout gets a cache of its own
+under a temporary PYTHONPYCACHEPREFIX, filled by one untimed run of each
+start-up command and of a 200-request point, so neither checkout is written
+to. `help` and `quickstart` time start-up; their rows also give the process's
+CPU time (user + system), steadier than wall time on a shared machine.
 """
 
 from __future__ import annotations
@@ -75,15 +75,28 @@ def _start_up_process(checkout: Path, point: str, env: dict[str, str] | None) ->
 def bytecode_cache(checkouts: list[Path], points: list[str], cache: Path
                    ) -> dict[Path, dict[str, str]]:
     """Per checkout, the environment of a process with its own bytecode cache under `cache`,
-    filled by one untimed run of each start-up point (see the module's docstring)."""
+    filled by one untimed run of each start-up point and, for the simulation points, of a
+    200-request one (see the module's docstring)."""
     envs = {}
     for i, checkout in enumerate(checkouts):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env["PYTHONPYCACHEPREFIX"] = str(cache / str(i))
         for point in points:
-            _start_up_process(checkout, point, env)
+            if point in POINTS:
+                _simulation_process(checkout, 200, 2.0, env)
+            else:
+                _start_up_process(checkout, point, env)
         envs[checkout] = env
     return envs
+
+
+def _simulation_process(checkout: Path, n: int, rate: float, env: dict[str, str] | None
+                        ) -> dict:
+    """`n` requests at `rate` in one process of `checkout`'s bench_sim.py: its row."""
+    out = subprocess.run([_python(checkout), str(checkout / "benchmarks" / "bench_sim.py"),
+                          "--point", str(n), str(rate)], check=True, capture_output=True,
+                         text=True, cwd=checkout, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def measure(checkout: Path, point: str, env: dict[str, str] | None = None) -> dict:
@@ -98,10 +111,7 @@ def measure(checkout: Path, point: str, env: dict[str, str] | None = None) -> di
         cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
         return {"process_wall_s": wall_s, "process_cpu_s": cpu_s}
     n, rate, _ = POINTS[point]
-    out = subprocess.run([_python(checkout), str(checkout / "benchmarks" / "bench_sim.py"),
-                          "--point", str(n), str(rate)], check=True, capture_output=True,
-                         text=True, cwd=checkout)
-    row = json.loads(out.stdout.strip().splitlines()[-1])
+    row = _simulation_process(checkout, n, rate, env)
     row["process_wall_s"] = time.perf_counter() - started
     return row
 
@@ -168,7 +178,8 @@ def _rounds(args: argparse.Namespace, cache: Path
             ) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
     """Every point's rows, this checkout's and the base's, the sides alternating by round."""
     start_up = [p for p in args.only if p in ("help", "quickstart")]
-    envs = bytecode_cache([HERE] + ([args.base] if args.base else []), start_up, cache)
+    warm = start_up + [p for p in args.only if p in POINTS][:1]  # one simulation point warms all
+    envs = bytecode_cache([HERE] + ([args.base] if args.base else []), warm, cache)
     new_rows: dict[str, list[dict]] = {p: [] for p in args.only}
     base_rows: dict[str, list[dict]] = {p: [] for p in args.only}
     for round_ in range(args.rounds):
@@ -182,8 +193,7 @@ def _rounds(args: argparse.Namespace, cache: Path
             if round_ % 2:
                 sides.reverse()
             for name, checkout, rows in sides:
-                rows[point].append(measure(checkout, point, envs[checkout]
-                                           if point in start_up else None))
+                rows[point].append(measure(checkout, point, envs[checkout]))
                 print(f"round {round_ + 1} {point} {name}: "
                       f"{rows[point][-1]['process_wall_s']:.2f} s", file=sys.stderr, flush=True)
     return new_rows, base_rows
