@@ -174,7 +174,7 @@ def run_plan(plan: ReplayPlan, device: torch.device, threads: int | None = 1,
 
 def write_record(record: EngineRecord, path: Path) -> None:
     steps = [{**{f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name != "shape"},
-              "shape": dataclasses.asdict(s.shape)} for s in record.steps]
+              "shape": s.shape._asdict()} for s in record.steps]
     path.write_text(json.dumps({"format": FORMAT, "steps": steps, "requests": record.requests,
                                 "info": record.info}) + "\n")
 

@@ -31,7 +31,7 @@ from gpu_engine.runner import ModelRunner
 from gpu_engine.sampling import SamplingParams, sample
 from gpu_engine.spec_step import execute_speculative
 from sim.core.drive import drive
-from sim.core.plan import StepPlan, StepResult, StepShape
+from sim.core.plan import StepPlan, StepResult, StepShape, checked_plan
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
@@ -183,8 +183,9 @@ class Engine:
 
     def _execute(self, plan: StepPlan) -> tuple[list[int], tuple[int, ...], float, int]:
         """Run the plan; returns every emitted token (in plan order), per-sequence counts
-        (empty = one each, no speculation), the device seconds and the rows run."""
-        seqs = [self._seqs[rid] for rid in plan.request_ids]
+        (empty = one each, no speculation), the device seconds and the rows run; a plan
+        whose columns disagree in length is refused before a kernel runs."""
+        seqs = [self._seqs[rid] for rid in checked_plan(plan).request_ids]
         new_ids = [s.token_ids[ctx:ctx + n] for s, ctx, n in
                    zip(seqs, plan.context_tokens, plan.num_new_tokens, strict=True)]
         if plan.num_spec_tokens:

@@ -262,7 +262,7 @@ def test_swaps_add_host_link_time(table_dir: Path) -> None:
     model = open_table_latency(table_dir, TINY, 16, swap_s_per_token=1e-6)
     shape = StepShape(num_decodes=4, decode_context_sum=400, decode_context_max=100,
                       padded_batch=4)
-    swapped = dataclasses.replace(shape, swap_out_tokens=32, swap_in_tokens=16)
+    swapped = shape._replace(swap_out_tokens=32, swap_in_tokens=16)
     assert model.step_time(swapped) - model.step_time(shape) == pytest.approx(48e-6)
     assert model.step_time(StepShape(swap_in_tokens=10)) == pytest.approx(1e-5)
 
@@ -308,18 +308,18 @@ def test_more_work_never_takes_less_time(table_model: TableLatency, shape: StepS
     model = table_model
     base = model.step_time(shape)
     assert math.isfinite(base) and base >= 0 and (base > 0) == (shape.batch_size > 0)
-    decodes = dataclasses.replace(shape, num_decodes=shape.num_decodes + more_decodes,
-                                  padded_batch=shape.padded_batch + more_decodes)
-    prefill = dataclasses.replace(
-        shape, prefill_chunk_tokens=(*shape.prefill_chunk_tokens, more_tokens),
+    decodes = shape._replace(num_decodes=shape.num_decodes + more_decodes,
+                             padded_batch=shape.padded_batch + more_decodes)
+    prefill = shape._replace(
+        prefill_chunk_tokens=(*shape.prefill_chunk_tokens, more_tokens),
         prefill_context_tokens=(*shape.prefill_context_tokens, 0),
         padded_batch=shape.padded_batch + 1)
     assert model.step_time(decodes) >= base and model.step_time(prefill) >= base
     if shape.num_decodes:
         depth = shape.spec_depth + 1
-        deeper = dataclasses.replace(shape, num_spec_decodes=shape.num_decodes,
-                                     num_spec_tokens=shape.num_decodes * depth, spec_depth=depth,
-                                     spec_context_sum=shape.decode_context_sum)
+        deeper = shape._replace(num_spec_decodes=shape.num_decodes,
+                                num_spec_tokens=shape.num_decodes * depth, spec_depth=depth,
+                                spec_context_sum=shape.decode_context_sum)
         assert model.step_time(deeper) >= base
 
 
@@ -439,8 +439,8 @@ def test_verify_term_prices_each_drafting_sequence(table_dir: Path, tmp_path: Pa
     without = TableLatency(dataclasses.replace(fit, verify_seq_ms=0.0))
     plain = StepShape(num_decodes=4, decode_context_sum=400, decode_context_max=100,
                       padded_batch=4)
-    verify = dataclasses.replace(plain, num_spec_decodes=3, num_spec_tokens=9, spec_depth=3,
-                                 spec_context_sum=300)
+    verify = plain._replace(num_spec_decodes=3, num_spec_tokens=9, spec_depth=3,
+                            spec_context_sum=300)
     assert with_term.step_time(verify) - without.step_time(verify) == pytest.approx(1.5e-3)
     assert with_term.step_time(plain) == without.step_time(plain)
     assert without.step_time(verify) > without.step_time(plain)  # the drafts' rows, attention

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.core.plan import StepPlan, StepShape
+from sim.core.plan import StepPlan, StepShape, checked_plan
 from sim.core.request import Request, RequestState
 from sim.plots.run import plot_run, plot_timeseries
 from sim.results.files import write_run_files
@@ -66,12 +65,12 @@ def plan(entries: list[tuple[int, int, int, bool, bool]]) -> StepPlan:
                       decode_context_sum=sum(e[2] for e in decodes),
                       decode_context_max=max((e[2] for e in decodes), default=0),
                       padded_batch=len(entries))
-    return StepPlan(request_ids=tuple(e[0] for e in entries),
-                    num_new_tokens=tuple(e[1] for e in entries),
-                    context_tokens=tuple(e[2] for e in entries),
-                    block_tables=tuple(() for _ in entries),
-                    is_prefill=tuple(e[3] for e in entries),
-                    emits_token=tuple(e[4] for e in entries), shape=shape)
+    return checked_plan(StepPlan(request_ids=tuple(e[0] for e in entries),
+                                 num_new_tokens=tuple(e[1] for e in entries),
+                                 context_tokens=tuple(e[2] for e in entries),
+                                 block_tables=tuple(() for _ in entries),
+                                 is_prefill=tuple(e[3] for e in entries),
+                                 emits_token=tuple(e[4] for e in entries), shape=shape))
 
 
 def two_request_run() -> tuple[RunRecorder, dict[int, list[float]]]:
@@ -259,7 +258,7 @@ def test_format_summary_block() -> None:
 
 def padded(step: StepPlan, padded_batch: int) -> StepPlan:
     """The same step with `padded_batch` kernel slots (static batching pads finished members)."""
-    return replace(step, shape=replace(step.shape, padded_batch=padded_batch))
+    return step._replace(shape=step.shape._replace(padded_batch=padded_batch))
 
 
 def waste_run() -> RunRecorder:

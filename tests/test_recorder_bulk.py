@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.core.decode_run import DecodeRun
-from sim.core.plan import StepPlan, StepShape
+from sim.core.plan import StepPlan, StepShape, checked_plan
 from sim.results.inorder import EDGE, add_in_order, floor_log
 from sim.results.itl_slices import ITLSlices
 from sim.results.metrics import RunRecorder
@@ -52,13 +52,11 @@ def _plan(decode_contexts: list[int], chunks: list[tuple[int, int]], padded: int
                       num_decodes=len(decode_contexts),
                       decode_context_sum=sum(decode_contexts),
                       decode_context_max=max(decode_contexts, default=0), padded_batch=padded)
-    return StepPlan(request_ids=tuple(range(len(entries))),
-                    num_new_tokens=tuple(e[0] for e in entries),
-                    context_tokens=tuple(e[1] for e in entries),
-                    block_tables=tuple(() for _ in entries),
-                    is_prefill=tuple(e[2] for e in entries),
-                    emits_token=tuple(not e[2] or i % 2 == 0 for i, e in enumerate(entries)),
-                    shape=shape)
+    return checked_plan(StepPlan(
+        request_ids=tuple(range(len(entries))), num_new_tokens=tuple(e[0] for e in entries),
+        context_tokens=tuple(e[1] for e in entries), block_tables=tuple(() for _ in entries),
+        is_prefill=tuple(e[2] for e in entries),
+        emits_token=tuple(not e[2] or i % 2 == 0 for i, e in enumerate(entries)), shape=shape))
 
 
 durations = st.one_of(st.floats(1e-7, 3.0), st.sampled_from([0.0, 1e-6, 0.01, 0.25]),

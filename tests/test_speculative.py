@@ -18,7 +18,7 @@ from sim.config.loader import load_scenario
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.drive import run_steps
 from sim.core.kv import PagedBlockManager
-from sim.core.plan import StepPlan, StepResult, StepShape
+from sim.core.plan import StepPlan, StepResult, StepShape, checked_plan
 from sim.core.request import Request, RequestState
 from sim.core.schedulers import ContinuousScheduler
 from sim.experiments.run import run_scenario
@@ -240,8 +240,8 @@ def test_kv_never_leaks_speculative_blocks(spec, num_blocks, block_size, max_seq
 
 def _spec_plan(rids: tuple[int, ...], k: int = 4) -> StepPlan:
     n = len(rids)
-    return StepPlan(rids, (k + 1,) * n, (100,) * n, ((),) * n, (False,) * n, (True,) * n,
-                    StepShape(), num_spec_tokens=(k,) * n)
+    return checked_plan(StepPlan(rids, (k + 1,) * n, (100,) * n, ((),) * n, (False,) * n,
+                                 (True,) * n, StepShape(), num_spec_tokens=(k,) * n))
 
 
 def test_a_requests_alpha_depends_on_seed_and_id_only() -> None:

@@ -6,7 +6,7 @@ and nothing here reads a clock (time always comes in as `now`).
 
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import KVBudget, KVManager, PagedBlockManager, num_kv_blocks
-from sim.core.plan import SeqWork, StepPlan, StepResult, StepShape
+from sim.core.plan import SeqWork, StepPlan, StepResult, StepShape, checked_plan
 from sim.core.request import Request, RequestState
 
 __all__ = [
@@ -20,5 +20,6 @@ __all__ = [
     "StepPlan",
     "StepResult",
     "StepShape",
+    "checked_plan",
     "num_kv_blocks",
 ]

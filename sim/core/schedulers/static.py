@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import ClassVar
 
 from sim.core.contiguous import ContiguousAllocator
@@ -191,8 +190,8 @@ class StaticScheduler:
             plain = k - 1 if finishes else k
             # the recorders count live tokens from the shape's context sum: the plan's own
             # contexts, without the prompt padding the priced shape carries
-            part = DecodeRun(plain, replace(decode_shape(shape, first - start),
-                                            decode_context_sum=batch.live_context_sum()),
+            part = DecodeRun(plain, decode_shape(shape, first - start)._replace(
+                                 decode_context_sum=batch.live_context_sum()),
                              run.kv_blocks_used[first:first + plain], run.num_waiting, False,
                              run.block_size, run.kv_blocked)
             if plain:
