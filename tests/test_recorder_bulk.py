@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from sim.core.decode_run import DecodeRun
 from sim.core.plan import StepPlan, StepShape, checked_plan
-from sim.results.inorder import EDGE, add_in_order, floor_log
+from sim.results.inorder import EDGE, add_in_order, floor_log, sum_rows
 from sim.results.itl_slices import ITLSlices
 from sim.results.metrics import RunRecorder
 from sim.results.stats import LogHistogram
@@ -166,3 +166,31 @@ def test_add_in_order_adds_left_to_right(lengths: list[int], columns: int, data)
             row = [x + t for x, t in zip(row, terms[r].tolist(), strict=True)]
         expected.append(row)
     assert add_in_order(init, terms, starts).tolist() == expected
+
+
+def _left_to_right(block: np.ndarray) -> list:
+    """Python's float additions, row after row: the order sum_rows must keep."""
+    flat = block.reshape(len(block), -1).tolist()
+    acc = flat[0]
+    for row in flat[1:]:
+        acc = [a + x for a, x in zip(acc, row, strict=True)]
+    return acc
+
+
+def test_sum_rows_adds_left_to_right_on_many_shapes() -> None:
+    """numpy's reduce order is not promised: this catches a numpy that sums a wide block's
+    columns pairwise (the data tells the orders apart: a 1-D pairwise sum differs)."""
+    rng = np.random.default_rng(15)
+    told_apart = False
+    for shape in [(1, 5), (2, 1), (2, 2), (3, 2), (7, 3), (8, 2), (9, 4), (16, 8), (17, 5),
+                  (40, 241, 8), (75, 122, 8), (129, 3), (300, 2), (1000, 4), (8193, 2),
+                  (9, 2, 1), (33, 1, 8), (20, 100, 1), (5, 990, 8)]:
+        block = rng.standard_normal(shape) * 10.0 ** rng.integers(-8, 9, shape)
+        block[rng.random(shape) < 0.1] = -0.0  # padding, as add_in_order lays out
+        got = sum_rows(block).reshape(-1).tolist()
+        assert got == _left_to_right(block), shape
+        column = np.ascontiguousarray(block.reshape(len(block), -1)[:, 0])
+        told_apart |= float(np.add.reduce(column)) != _left_to_right(column[:, None])[0]
+    assert told_apart
+    tall = rng.standard_normal((500, 1)) * 10.0 ** rng.integers(-8, 9, (500, 1))
+    assert sum_rows(tall).tolist() == _left_to_right(tall)  # one a row: accumulated
