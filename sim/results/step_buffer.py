@@ -19,6 +19,7 @@ expanded then.
 from __future__ import annotations
 
 from array import array
+from itertools import chain
 
 import numpy as np
 
@@ -88,8 +89,10 @@ class StepBuffer:
         """
         k = self.size
         runs = np.frombuffer(self._run_ints, dtype=np.int64).reshape(-1, len(_RUN_INTS))
-        # single steps: _row's fields; ints below 2**53 go through float64 exactly
-        rows = np.array(self._rows, dtype=np.float64).reshape(-1, 14)
+        # single steps: _row's fields; ints below 2**53 go through float64 exactly (fromiter
+        # over the fields: a quarter fewer instructions than np.array's nested discovery)
+        rows = np.fromiter(chain.from_iterable(self._rows), np.float64,
+                           14 * len(self._rows)).reshape(-1, 14)
         first = np.concatenate((runs[:, 0], self._row_at)).astype(np.int64)
         lengths = np.concatenate((runs[:, 1], np.ones(len(rows), dtype=np.int64)))
         constants = np.empty((len(first), _CONSTANTS), dtype=np.int64)
