@@ -73,6 +73,7 @@ class ReplayPlan:
 
     def to_json(self) -> str:
         body = dataclasses.asdict(self)
+        body["scheduler"] = self.scheduler._asdict()  # a NamedTuple: asdict keeps it a tuple
         body["format"] = FORMAT
         return json.dumps(body, indent=1) + "\n"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -54,7 +54,7 @@ class Rig:
         """A new scheduler and block manager over the shared model, KV tensors and runner;
         `speculative_tokens` k > 0 drafts k tokens per decode (the engine needs a drafter)."""
         blocks = PagedBlockManager(self.cache.num_blocks, self.cache.block_size)
-        settings = replace(self.settings, speculative_tokens=speculative_tokens)
+        settings = self.settings._replace(speculative_tokens=speculative_tokens)
         scheduler = build_policy("continuous", blocks, settings)
         return Engine(self.model, self.cache, scheduler, self.runner, seed=self.seed)
 

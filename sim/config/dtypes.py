@@ -12,14 +12,17 @@ a kind runs it at bf16's (sim.config.hardware.HardwareSpec.flops_per_s).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 COMPUTE_KINDS = ("bf16", "fp8", "int8", "fp4")
 
 
-@dataclass(frozen=True, slots=True)
-class DType:
-    """`bits` per element plus `scale_bits` per `group_size` elements (0: no per-group scale)."""
+class DType(NamedTuple):
+    """`bits` per element plus `scale_bits` per `group_size` elements (0: no per-group scale).
+
+    A NamedTuple, not a frozen dataclass: cheaper to import (no generated methods to compile at
+    start-up) and to build.
+    """
 
     name: str
     bits: int

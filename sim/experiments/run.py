@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -126,7 +125,7 @@ def _take_from(diagnosers: Sequence[TTFTDiagnoser]
 def observe(setups: Sequence[ReplicaSetup], traced: frozenset[int] = frozenset()
             ) -> list[ReplicaSetup]:
     """`setups`, each with its own ReplicaObserver (clocks are per replica)."""
-    return [replace(s, observer=ReplicaObserver(s.scheduler, s.latency.step_time, traced))
+    return [s._replace(observer=ReplicaObserver(s.scheduler, s.latency.step_time, traced))
             for s in setups]
 
 

@@ -12,8 +12,7 @@ with its own dtype. A bf16 Llama is one group of the four GEMMs the fit was made
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from sim.config.dtypes import DType
 from sim.config.hardware import HardwareSpec
@@ -21,8 +20,7 @@ from sim.config.specs import ModelSpec, kv_heads_per_gpu
 from sim.latency.roofline_terms import LayerDims
 
 
-@dataclass(frozen=True, slots=True)
-class Gemm:
+class Gemm(NamedTuple):
     """A k x n weight on one GPU, stored at `weight_bytes` per element (scales included),
     multiplied at `flops_per_s` (its dtype's tensor-core rate; bf16's where none).
 
@@ -32,6 +30,9 @@ class Gemm:
     (half the bytes at twice the rate); weight-only int4 at bf16's rate gets about a
     quarter of it, so its GEMMs stay memory-bound up to a few tens of rows, as W4A16
     kernels do, instead of turning compute-bound on bf16's tile at one row.
+
+    A NamedTuple, not a frozen dataclass: cheaper to import (no generated methods to compile at
+    start-up) and to build.
     """
 
     k: float
@@ -41,11 +42,14 @@ class Gemm:
     tile_scale: float = 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class LayerGroup:
+class LayerGroup(NamedTuple):
     """`layers` alike layers: `dense` GEMMs over every row, `experts` once per touched
     routed expert; `dims` sizes their small kernels (an MoE layer's MLP width is that of
-    the experts a row runs through, together)."""
+    the experts a row runs through, together).
+
+    A NamedTuple, not a frozen dataclass: cheaper to import (no generated methods to compile at
+    start-up) and to build.
+    """
 
     layers: int
     dims: LayerDims
@@ -97,8 +101,8 @@ def layer_groups(model: ModelSpec, hw: HardwareSpec, tp: int = 1, ep: int = 1
     m, h = model, model.hidden_size
     base = model_dims(m, tp)
     if m.attention == "mla":
-        base = dataclasses.replace(
-            base, q_dim=m.num_heads // tp * (m.qk_nope_head_dim + m.qk_rope_head_dim),
+        base = base._replace(
+            q_dim=m.num_heads // tp * (m.qk_nope_head_dim + m.qk_rope_head_dim),
             kv_dim=m.kv_lora_rank + m.qk_rope_head_dim)
     weights, act = m.weights, m.carrier
     attention = _stored(attention_shapes(m, tp), weights, act, hw)
@@ -106,7 +110,7 @@ def layer_groups(model: ModelSpec, hw: HardwareSpec, tp: int = 1, ep: int = 1
     if m.num_layers - m.moe_layers:
         width = m.intermediate_size / tp
         groups.append(LayerGroup(m.num_layers - m.moe_layers,
-                                 dataclasses.replace(base, intermediate=width),
+                                 base._replace(intermediate=width),
                                  attention + _stored(_mlp_shapes(h, width), weights, act, hw)))
     if m.moe_layers:
         expert = m.expert_intermediate_size
@@ -114,7 +118,7 @@ def layer_groups(model: ModelSpec, hw: HardwareSpec, tp: int = 1, ep: int = 1
         router = Gemm(h, m.num_experts, act.bytes_per_element, hw.bf16_flops_per_s)
         per_row = m.experts_per_token * expert / (ep if ep > 1 else tp) + shared
         groups.append(LayerGroup(
-            m.moe_layers, dataclasses.replace(base, intermediate=per_row),
+            m.moe_layers, base._replace(intermediate=per_row),
             attention + (router,) + (_stored(_mlp_shapes(h, shared), weights, act, hw)
                                      if shared else ()),
             _stored(_mlp_shapes(h, expert / (1 if ep > 1 else tp)), m.experts, act, hw)))

@@ -35,9 +35,8 @@ Every function is pure and works on floats and numpy arrays alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from math import ceil
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -46,9 +45,12 @@ from sim.latency.roofline_fits import RooflineParams
 SAMPLING_BYTES_PER_LOGIT = 3 * 4  # fp32 logits written, read for softmax, probabilities read
 
 
-@dataclass(frozen=True, slots=True)
-class LayerDims:
-    """What sizes one GPU's kernels: every width already divided by tensor parallelism."""
+class LayerDims(NamedTuple):
+    """What sizes one GPU's kernels: every width already divided by tensor parallelism.
+
+    A NamedTuple, not a frozen dataclass: cheaper to import (no generated methods to compile at
+    start-up) and to build.
+    """
 
     num_layers: int
     hidden: int
@@ -87,12 +89,15 @@ def soft_max(a: Any, b: Any, p: float) -> Any:
     return hi * ((a / safe) ** p + (b / safe) ** p) ** (1.0 / p)
 
 
-@dataclass(frozen=True, slots=True)
-class GemmCost:
+class GemmCost(NamedTuple):
     """One GEMM's constants, derived once: time = launch + soft max(memory, compute).
 
     Compute goes by waves: the rows padded to whole tiles, times the column tiles, make
-    the tiles; the GPU runs `wave_tiles` of them at once, each wave taking `wave_s`."""
+    the tiles; the GPU runs `wave_tiles` of them at once, each wave taking `wave_s`.
+
+    A NamedTuple, not a frozen dataclass: cheaper to import (no generated methods to compile at
+    start-up) and to build.
+    """
 
     launch_s: float
     memory_s: float  # weights' read
@@ -187,10 +192,13 @@ def prefill_attention_s(pair_flops: Any, kv_bytes: Any, flops_per_s: float,
                         params.prefill_attention_launch_s)
 
 
-@dataclass(frozen=True, slots=True)
-class AttentionCost:
+class AttentionCost(NamedTuple):
     """One layer's attention kernel of one kind (decode or prefill) on one model, derived
-    once: the law of decode_attention_s / prefill_attention_s in plain float arithmetic."""
+    once: the law of decode_attention_s / prefill_attention_s in plain float arithmetic.
+
+    A NamedTuple, not a frozen dataclass: cheaper to import (no generated methods to compile at
+    start-up) and to build.
+    """
 
     launch_s: float
     min_s: float

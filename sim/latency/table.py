@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,9 +43,12 @@ from sim.core.plan import StepShape
 TIMINGS = ("wall", "device")
 
 
-@dataclass(frozen=True, slots=True)
-class ErrorStats:
-    """Absolute percentage error of predictions on a group of measurements."""
+class ErrorStats(NamedTuple):
+    """Absolute percentage error of predictions on a group of measurements.
+
+    A NamedTuple, not a frozen dataclass: cheaper to import (no generated methods to compile at
+    start-up) and to build.
+    """
 
     kind: str  # a measurement kind, or "all"
     points: int

@@ -155,7 +155,7 @@ def measurements_sha256(directory: str | Path) -> str:
 def write_fit(directory: str | Path, fit: TableFit, features: Mapping[str, str]) -> Path:
     """Write fit.json: coefficients, knots, feature definitions and held-out error."""
     raw = dataclasses.asdict(fit)
-    raw["held_out"] = [dataclasses.asdict(e) for e in fit.held_out]
+    raw["held_out"] = [e._asdict() for e in fit.held_out]
     body = {"format_version": FORMAT_VERSION, "features": dict(features), **raw}
     path = Path(directory) / FIT_FILE
     path.write_text(_dumps(body))
