@@ -27,14 +27,10 @@ import numpy as np
 EDGE = 1e-6  # products this close to an integer are binned with math.log
 
 
-def floor_log(values: np.ndarray, scale: float, offset: float = 0.0,
-              logs: np.ndarray | None = None) -> np.ndarray:
-    """math.floor(math.log(v) * scale - offset) for each positive finite v, as int64.
-
-    `logs`: np.log(values), where the caller bins the same values twice (the recorder's
-    ITL gaps go to a histogram and to time slices; np.log is ~45 instructions a value)."""
+def floor_log(values: np.ndarray, scale: float, offset: float = 0.0) -> np.ndarray:
+    """math.floor(math.log(v) * scale - offset) for each positive finite v, as int64."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        t = (np.log(values) if logs is None else logs) * scale - offset
+        t = np.log(values) * scale - offset
         near = ~(np.abs(t - np.rint(t)) >= EDGE)  # NaN and inf too: math.log decides
     out = np.floor(t, where=~near, out=np.zeros(t.shape)).astype(np.int64)
     if near.any():

@@ -47,14 +47,9 @@ class ITLSlices:
         self._count[i] += weight
         self._sum[i] += gap_s * weight
 
-    def add_many(self, start_s: np.ndarray, gap_s: np.ndarray, weights: np.ndarray,
-                 log_s: np.ndarray | None = None) -> None:
+    def add_many(self, start_s: np.ndarray, gap_s: np.ndarray, weights: np.ndarray) -> None:
         """add(start, gap, weight) for each step in order, in bulk: the same slices, bins
-        and floats (a slice's sum adds its terms in order; pairs merge at the same step).
-        `log_s`: np.log(gap_s), if the caller has it."""
-        if log_s is None:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                log_s = np.log(gap_s)
+        and floats (a slice's sum adds its terms in order; pairs merge at the same step)."""
         total, pos = len(gap_s), 0
         while pos < total:
             idx = (start_s[pos:] / self.width_s).astype(np.int64)
@@ -64,19 +59,17 @@ class ITLSlices:
                     raise ValueError(f"a step start must be >= 0, got {start_s[pos]}")
                 self._merge_pairs()
                 continue
-            self._add_rising(idx[:stop - pos], gap_s[pos:stop], weights[pos:stop],
-                             log_s[pos:stop])
+            self._add_rising(idx[:stop - pos], gap_s[pos:stop], weights[pos:stop])
             pos = stop
 
-    def _add_rising(self, idx: np.ndarray, gap_s: np.ndarray, weights: np.ndarray,
-                    log_s: np.ndarray) -> None:
+    def _add_rising(self, idx: np.ndarray, gap_s: np.ndarray, weights: np.ndarray) -> None:
         """Steps in slices `idx` (covered, non-decreasing): each slice one group."""
         if float(gap_s.min()) > 0:
-            keys = floor_log(gap_s, _SCALE, logs=log_s)
+            keys = floor_log(gap_s, _SCALE)
         else:
             keys = np.full(len(gap_s), -(2**62), dtype=np.int64)
             timed = gap_s > 0
-            keys[timed] = floor_log(gap_s[timed], _SCALE, logs=log_s[timed])
+            keys[timed] = floor_log(gap_s[timed], _SCALE)
         starts = np.flatnonzero(np.diff(idx, prepend=-1))
         slices = idx[starts].tolist()
         init = np.array([[self._sum[i]] for i in slices])

@@ -217,10 +217,8 @@ class RunRecorder(RecorderReads):
         else:
             timed = decodes > 0
             itl_start_s, gaps_s, weights = start_s[timed], duration_s[timed], decodes[timed]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            log_s = np.log(gaps_s)  # both bin the gaps by their log
-        self._itl.add_many(gaps_s, weights, log_s)
-        self._itl_slices.add_many(itl_start_s, gaps_s, weights, log_s)
+        self._itl.add_many(gaps_s, weights)
+        self._itl_slices.add_many(itl_start_s, gaps_s, weights)
         self._series.add_many(start_s, duration_s, batch, c["num_waiting"], c["num_running"],
                               c["kv_blocks_used"], c["tokens"], c["tokens_emitted"], held,
                               live)

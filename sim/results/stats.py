@@ -125,12 +125,10 @@ class LogHistogram:
         if value_s > self.max_s:
             self.max_s = value_s
 
-    def add_many(self, values_s: np.ndarray, weights: np.ndarray,
-                 log_s: np.ndarray | None = None) -> None:
+    def add_many(self, values_s: np.ndarray, weights: np.ndarray) -> None:
         """add(value, weight) for each pair in order, in bulk: the same bins and floats.
 
-        Bins by `floor_log` (the same index as add's math.log; `log_s`: np.log(values_s)
-        if the caller has it); Welford's mean is
+        Bins by `floor_log` (the same index as add's math.log); Welford's mean is
         a running recurrence, so it stays a loop, two float operations a sample;
         M2's terms then follow from the means and are added in order.
         """
@@ -139,12 +137,11 @@ class LogHistogram:
             return
         lo = self.lo_s
         if float(values_s.min()) >= lo:
-            idx = floor_log(values_s, self._scale, self._offset, log_s)
+            idx = floor_log(values_s, self._scale, self._offset)
         else:
             idx = np.zeros(size, dtype=np.int64)
             above = values_s >= lo
-            idx[above] = floor_log(values_s[above], self._scale, self._offset,
-                                   None if log_s is None else log_s[above])
+            idx[above] = floor_log(values_s[above], self._scale, self._offset)
         # add's int() truncates where floor_log floors: they differ only on (-1, 0); the
         # bins' weights are integer sums far below 2**53, exact in bincount's float64
         idx = np.clip(idx, 0, self._top)
