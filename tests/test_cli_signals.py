@@ -109,6 +109,59 @@ console()
     assert staging(tmp_path) == []
 
 
+def test_a_ctrl_c_that_some_code_swallows_is_raised_again(tmp_path: Path) -> None:
+    """A Ctrl-C landing where an exception is dropped (here a progress update that swallows
+    it, as a finaliser or some C code would) is raised again a CPU second later
+    (sim.cli.interrupts): the 5M-request run stops with 130, not hours later."""
+    path = tmp_path / "s.yaml"
+    path.write_text(LONG)
+    code = f"""
+import signal, sys
+from sim.experiments.progress import DelayedBar
+update, calls = DelayedBar.update, []
+def update_swallowing_ctrl_c(self, n=1):
+    calls.append(n)
+    if len(calls) == 100:
+        try:
+            signal.raise_signal(signal.SIGINT)
+            sum(range(10))  # the handler runs here, inside the try
+        except KeyboardInterrupt:
+            print("ctrl-c swallowed", file=sys.stderr, flush=True)
+    update(self, n)
+DelayedBar.update = update_swallowing_ctrl_c
+sys.argv = ["servesim", "run", {str(path)!r}, "--out", {str(tmp_path / "out")!r}]
+from sim.cli import console
+console()
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert "ctrl-c swallowed" in done.stderr, done.stderr
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "interrupted"
+    assert "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
+    assert staging(tmp_path) == []
+
+
+def test_an_interrupt_being_handled_is_not_raised_again() -> None:
+    """The repeat leaves a command's clean-up alone: while a KeyboardInterrupt (or an error
+    raised from one) is being handled, the timer's signal raises nothing."""
+    from sim.cli import interrupts
+
+    assert not interrupts.caused_by_interrupt(None)
+    assert not interrupts.caused_by_interrupt(ValueError("x"))
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        try:
+            raise RuntimeError("clean-up failed")
+        except RuntimeError as err:
+            assert interrupts.caused_by_interrupt(err)
+            interrupts._again(signal.SIGVTALRM, None)  # raises nothing here
+    with pytest.raises(KeyboardInterrupt):
+        interrupts._again(signal.SIGVTALRM, None)
+
+
 def test_a_worker_takes_no_semaphore_for_its_progress_bars() -> None:
     """A killed worker leaks what it holds: a bar's default multiprocessing lock would be
     one (Python warns of leaked semaphores at exit after Ctrl-C)."""

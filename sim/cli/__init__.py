@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from sim import __version__
-from sim.cli import start_up
+from sim.cli import interrupts, start_up
 
 # Every command: the sim.cli module that adds it to the parser, and how (in --help's order).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -79,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
         return code
     except KeyboardInterrupt:
+        interrupts.stop()
         _stop_workers()
         lead = "\n" if sys.stderr.isatty() else ""  # end a progress bar's line first
         print(f"{lead}interrupted", file=sys.stderr)
@@ -87,8 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _drop_stdout()
         return 141
     except Exception as err:  # noqa: BLE001 - re-raised unless Ctrl-C caused it
-        if not _caused_by_interrupt(err):
+        if not interrupts.caused_by_interrupt(err):
             raise
+        interrupts.stop()
         _stop_workers()
         print("interrupted", file=sys.stderr)
         return 130
@@ -96,24 +98,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The `servesim` process (the console script, `python -m sim.cli`): `main`, started
-    without garbage collections or a scan for pydantic plugins (sim.cli.start_up)."""
+    without garbage collections or a scan for pydantic plugins (sim.cli.start_up), with a
+    Ctrl-C raised again until the command takes it (sim.cli.interrupts)."""
     start_up.begin()
+    interrupts.install()
     code = main()
+    interrupts.stop()  # a Ctrl-C the command never saw: it is done now
     start_up.leaving()
     sys.exit(code)
-
-
-def _caused_by_interrupt(err: BaseException) -> bool:
-    """Whether `err` was raised while handling a Ctrl-C: a library that is interrupted in
-    its own clean-up (joblib starting its pool) raises its error from the KeyboardInterrupt."""
-    seen: BaseException | None = err
-    for _ in range(16):  # a chain is short; a cycle cannot hang the exit
-        if seen is None:
-            return False
-        if isinstance(seen, KeyboardInterrupt):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 def _stop_workers() -> None:
