@@ -37,8 +37,14 @@ def describe_run(batch: RunningBatch, kv: KVManager, paged: bool,
     `padded_of[n]`: the batch n decodes run as (padded to a CUDA graph's size, or n), a
     table lookup for the ~20 segments a run describes."""
     n = len(batch.rids)
+    state = batch.state
+    # with requests waiting the run ends at the first finisher's step: when someone finishes
+    # in the next step (a saturated pool, almost every step) there is no run, told by one
+    # numpy pass before the four columns come out as lists
+    if num_waiting and int((state[TARGET, :n] - state[DONE, :n]).min()) < 2:
+        return None
     # one read of the columns computed, known, done, target (in this order)
-    contexts, _, done, target = batch.state[COMPUTED:TARGET + 1, :n].tolist()
+    contexts, _, done, target = state[COMPUTED:TARGET + 1, :n].tolist()
     finish = [t - d - 1 for t, d in zip(target, done, strict=True)]  # the step each ends in
     first_out = min(finish)
     steps = min((first_out if num_waiting else max(finish)) + 1, max_steps)
