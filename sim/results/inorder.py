@@ -57,18 +57,18 @@ def add_in_order(init: np.ndarray, terms: np.ndarray, starts: np.ndarray) -> np.
     width = max(8, 4 * steps // groups)
     out = np.empty(init.shape)
     short = lengths <= width
-    rows = np.flatnonzero(short)
+    rows = short.nonzero()[0]
     if rows.size:
         longest, some = int(lengths[rows].max()), lengths[rows]
         # a group a column, its terms down the rows: the accumulate adds whole rows
         block = np.full((longest + 1, rows.size, *terms.shape[1:]), -0.0)
         block[0] = init[rows]
-        group = np.repeat(np.arange(rows.size), some)
-        offset = np.arange(group.size) - np.repeat(np.cumsum(some) - some, some)
+        group = np.arange(rows.size).repeat(some)
+        offset = np.arange(group.size) - (some.cumsum() - some).repeat(some)
         # (row, group) as one index into the block's rows of k (one fancy index, not two)
         at = (offset + 1) * rows.size + group
         block.reshape(-1, *terms.shape[1:])[at] = (
-            terms if rows.size == groups else terms[np.repeat(starts[rows], some) + offset])
+            terms if rows.size == groups else terms[starts[rows].repeat(some) + offset])
         out[rows] = sum_rows(block)
     for g in np.flatnonzero(~short).tolist():
         a, n = int(starts[g]), int(lengths[g])

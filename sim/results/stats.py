@@ -144,7 +144,7 @@ class LogHistogram:
             idx[above] = floor_log(values_s[above], self._scale, self._offset)
         # add's int() truncates where floor_log floors: they differ only on (-1, 0); the
         # bins' weights are integer sums far below 2**53, exact in bincount's float64
-        idx = np.clip(idx, 0, self._top)
+        idx = idx.clip(0, self._top)
         low = int(idx.min())
         added = np.bincount(idx - low, weights)
         self._counts[low:low + len(added)] += added.astype(np.int64)

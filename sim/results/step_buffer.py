@@ -103,13 +103,13 @@ class StepBuffer:
         varying = [np.concatenate((*self._run_arrays[j::4], rows[:, column]))
                    for j, column in enumerate((0, 1, 12, 13))]
         if len(runs) and len(rows):  # interleaved: each row's place in `varying`
-            order = np.argsort(first, kind="stable")
-            source = np.cumsum(lengths) - lengths  # where a segment's values start
-            at = np.repeat(source[order] - first[order], lengths[order]) + np.arange(k)
+            order = first.argsort(kind="stable")
+            source = lengths.cumsum() - lengths  # where a segment's values start
+            at = (source[order] - first[order]).repeat(lengths[order]) + np.arange(k)
             constants, lengths = constants[order], lengths[order]
-            varying = [np.take(column, at) for column in varying]
+            varying = [column.take(at) for column in varying]
         ints = np.empty((len(_INTS), k), dtype=np.int64)
-        ints[:_CONSTANTS] = np.repeat(constants, lengths, axis=0).T  # a row at a time
+        ints[:_CONSTANTS] = constants.repeat(lengths, axis=0).T  # a row at a time
         ints[_CONSTANTS], ints[_CONSTANTS + 1] = varying[2], varying[3]
         self._rows, self._row_at, self._run_arrays, self._run_ints = [], [], [], array("q")
         self.size = 0

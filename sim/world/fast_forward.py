@@ -280,7 +280,7 @@ class ReplicaFastForward:
         feed, observer = self._run_feed, self.observer
         assert feed is not None and observer is not None
         start_s, duration_s, kv_blocked, seen = feed
-        upto = int(np.searchsorted(start_s, until_s, side="left"))
+        upto = int(start_s.searchsorted(until_s, side="left"))
         if upto > seen:
             observer.on_decode_steps(start_s[seen:upto], duration_s[seen:upto], kv_blocked)
             feed[3] = upto

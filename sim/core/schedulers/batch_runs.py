@@ -159,7 +159,7 @@ def _take_blocks(batch: RunningBatch, contexts: list[int], steps: int, kv: KVMan
         if not cycles and int(np.minimum.reduce(phase)) >= rest + (naming is not None):
             return _constant(steps, used0)
         per_phase = np.bincount(phase, minlength=bs).tolist()
-        order = np.argsort(phase, kind="stable").tolist()
+        order = phase.argsort(kind="stable").tolist()
     else:
         phases = [-c % bs for c in contexts]
         # nobody crosses a block boundary (nor, with names, fills a block)
