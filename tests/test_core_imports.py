@@ -116,3 +116,16 @@ def test_the_workload_package_names_load_from_their_modules_on_first_use() -> No
 
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         sim.workload.no_such_name  # noqa: B018
+
+
+def test_the_default_scenario_loads_without_the_yaml_parser() -> None:
+    """PyYAML loads when there is YAML to read: the built-in default (`servesim run` with no
+    file) never parses any, so it must not pay the parser's import; a file then loads it."""
+    code = (
+        "import sys\nfrom sim.config.loader import load_scenario\n"
+        "load_scenario(None)\nbefore = 'yaml' in sys.modules\n"
+        "from sim.config.yaml_input import parse_yaml\n"
+        "print(before, parse_yaml('a: [1, 2]', 'text'), 'yaml' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False {'a': [1, 2]} True"

@@ -9,9 +9,10 @@ naming the input and the field, never a traceback from a parser.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
+if TYPE_CHECKING:
+    import yaml
 
 # A scenario nests a handful of levels (workload.prompt_tokens.values); 32 is far
 # beyond any real file and far below the depth where a parser or repr() recurses out.
@@ -31,7 +32,11 @@ def parse_yaml(text: str, source: str, check: bool = True) -> Any:
     """`text` as plain data; every way it can fail is one ScenarioError naming `source`.
 
     `check` False leaves `check_plain` to the caller, who knows the field's path.
+    PyYAML is imported here, not at the top: a run from the embedded default or
+    `--help` never parses YAML and should not pay ~20 ms to import the parser.
     """
+    import yaml
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
