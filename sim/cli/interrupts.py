@@ -15,6 +15,10 @@ does, and also starts a repeating timer of one second of the process's CPU time
 part of servesim uses that timer): its SIGVTALRM raises KeyboardInterrupt again
 unless one is being handled already (the command is stopping: its clean-up is
 left alone). The command stops the timer where it takes the interrupt (`stop`).
+And an interrupt dropped where Python reports what it drops (a weakref callback, a
+finaliser: "Exception ignored in ...", with its traceback) is dropped quietly: the
+timer raises it again, and the user sees the one line `interrupted`, not a traceback
+from wherever the Ctrl-C happened to land (an import lock's callback, under load).
 Only the console script installs it (`install`): an in-process caller of
 `sim.cli.main` keeps its own handlers. Without the timer (Windows) a Ctrl-C is
 Python's own.
@@ -24,7 +28,9 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 RETRY_CPU_S = 1.0  # CPU seconds between raises of a Ctrl-C the command has not taken
 
@@ -36,6 +42,7 @@ def install() -> None:
         return
     signal.signal(signal.SIGVTALRM, _again)
     signal.signal(signal.SIGINT, _interrupted)
+    sys.unraisablehook = _quiet_interrupts(sys.unraisablehook)
 
 
 def stop() -> None:
@@ -52,6 +59,15 @@ def _interrupted(signum: int, frame: FrameType | None) -> None:
 def _again(signum: int, frame: FrameType | None) -> None:
     if not caused_by_interrupt(sys.exc_info()[1]):  # none is being handled
         raise KeyboardInterrupt
+
+
+def _quiet_interrupts(report: Callable[[Any], object]) -> Callable[[Any], None]:
+    """sys.unraisablehook that drops a KeyboardInterrupt (raised again by the timer) and
+    hands anything else to `report`, the hook it replaces."""
+    def hook(unraisable: Any) -> None:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            report(unraisable)
+    return hook
 
 
 def caused_by_interrupt(err: BaseException | None) -> bool:
