@@ -113,10 +113,15 @@ class RooflineLatency(RooflineRuns):
     _allreduce_bytes_per_token: float = field(init=False, repr=False, compare=False)
     _allreduce_fixed_s: float = field(init=False, repr=False, compare=False)
     _all_to_all_fixed_s: float = field(init=False, repr=False, compare=False)
-    # (rows, sequences, logit rows) -> _fixed_parts: steps repeat these shapes by the
-    # thousand (a decode step's rows are its batch), and the GEMMs' tile-and-wave pricing
-    # is most of a step's price; the memo holds the very floats computed the first time
-    _memo: dict[tuple[float, float, float], tuple[float, float, float, float, float]] = field(
+    # rows -> _fixed_parts' GEMMs, small kernels and collectives: steps repeat these row
+    # counts by the thousand (a decode step's rows are its batch, a prefill's its prompt
+    # plus the decodes beside it), and the GEMMs' tile-and-wave pricing is most of a step's
+    # price; the memo holds the very floats computed the first time
+    _memo: dict[float, tuple[float, float, float]] = field(init=False, repr=False,
+                                                            compare=False)
+    # (sequences, logit rows) -> _fixed_parts' lm_head and sampling, CPU: apart from the
+    # rows, which vary with every prompt while a step's sequences take a few values
+    _seqs_memo: dict[tuple[float, float], tuple[float, float]] = field(
         init=False, repr=False, compare=False)
     # (decodes, padded batch) of a plain-decode step -> its parts but attention, as step_time
     # adds them: (0 + gemms + small, lm_head, cpu, collectives); a run's steps and most
@@ -184,6 +189,7 @@ class RooflineLatency(RooflineRuns):
             "_all_to_all_fixed_s": (2 * m.moe_layers * self.allreduce_latency_s
                                     if ep > 1 else 0.0),
             "_memo": {},
+            "_seqs_memo": {},
             "_decode_memo": {},
         }
         for key, value in values.items():

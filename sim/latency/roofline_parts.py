@@ -71,7 +71,8 @@ class RooflineParts:
     _allreduce_bytes_per_token: float
     _allreduce_fixed_s: float
     _all_to_all_fixed_s: float
-    _memo: dict[tuple[float, float, float], tuple[float, float, float, float, float]]
+    _memo: dict[float, tuple[float, float, float]]
+    _seqs_memo: dict[tuple[float, float], tuple[float, float]]
     _decode_memo: dict[tuple[int, int], tuple[float, float, float, float]]
 
     def _attended(self, context_tokens: int, sequences: int) -> float:
@@ -174,23 +175,26 @@ class RooflineParts:
 
     def _fixed_parts(self, rows: float, seqs: float, logit_rows: float
                      ) -> tuple[float, float, float, float, float]:
-        """The parts that do not depend on the contexts (all but attention), remembered."""
-        key = (rows, seqs, logit_rows)
-        memo = self._memo
-        parts = memo.get(key)
-        if parts is None:
-            p, dims, b = self._p, self._dims, self._bytes_per_s
+        """The parts that do not depend on the contexts (all but attention), remembered:
+        those of the rows apart from those of the sequences (a prefill step's rows are
+        new with nearly every prompt, its sequences are not)."""
+        by_rows = self._memo.get(rows)
+        if by_rows is None:
+            p, b = self._p, self._bytes_per_s
             small = 0.0
             for g in self._groups:
                 small += g.group.layers * small_kernels_s(g.group.dims, rows, b, p,
                                                           self._act_bytes)
-            parts = (self._gemms_s(rows), small,
-                     self._lm_head.seconds(logit_rows) + sampling_s(dims, logit_rows, b, p),
-                     cpu_overhead_s(seqs, p), self._collectives_s(rows))
-            if len(memo) >= MEMO_SHAPES:
-                memo.clear()
-            memo[key] = parts
-        return parts
+            by_rows = (self._gemms_s(rows), small, self._collectives_s(rows))
+            _remember(self._memo, rows, by_rows)
+        key = (seqs, logit_rows)
+        by_seqs = self._seqs_memo.get(key)
+        if by_seqs is None:
+            p, dims, b = self._p, self._dims, self._bytes_per_s
+            by_seqs = (self._lm_head.seconds(logit_rows) + sampling_s(dims, logit_rows, b, p),
+                       cpu_overhead_s(seqs, p))
+            _remember(self._seqs_memo, key, by_seqs)
+        return by_rows[0], by_rows[1], by_seqs[0], by_seqs[1], by_rows[2]
 
     def _decode_parts(self, shape: StepShape) -> tuple[float, float, float, float]:
         """A plain-decode step's parts but attention (sum()'s first two added), remembered
@@ -200,9 +204,7 @@ class RooflineParts:
         if parts is None:
             gemms_s, small_s, _, lm_head_s, cpu_s, collectives_s = self._parts(shape)
             parts = (0 + gemms_s + small_s, lm_head_s, cpu_s, collectives_s)
-            if len(self._decode_memo) >= MEMO_SHAPES:
-                self._decode_memo.clear()
-            self._decode_memo[key] = parts
+            _remember(self._decode_memo, key, parts)
         return parts
 
     def _work(self, rows: float, pairs: float, kv_tokens: float, logit_rows: float
@@ -229,3 +231,10 @@ class RooflineParts:
                       + self._attn_layers * kv_tokens * self._kv_bytes_per_token)
         return {"flops": flops, "bytes": num_bytes, "compute_s": compute_s,
                 "memory_s": num_bytes / bandwidth}
+
+
+def _remember(memo: dict, key: object, value: object) -> None:
+    """memo[key] = value, the memo started again once it holds MEMO_SHAPES entries."""
+    if len(memo) >= MEMO_SHAPES:
+        memo.clear()
+    memo[key] = value
