@@ -70,14 +70,14 @@ class ITLSlices:
             keys = np.full(len(gap_s), -(2**62), dtype=np.int64)
             timed = gap_s > 0
             keys[timed] = floor_log(gap_s[timed], _SCALE)
-        starts = np.flatnonzero(np.diff(idx, prepend=-1))
+        new_slice = np.diff(idx, prepend=-1) != 0
+        starts = np.flatnonzero(new_slice)
         slices = idx[starts].tolist()
         init = np.array([[self._sum[i]] for i in slices])
         sums = add_in_order(init, (gap_s * weights)[:, None], starts)[:, 0].tolist()
         # each run of steps in one (slice, bin) pair adds its weight at once (neighbouring
         # steps' gaps mostly share a bin: about one run in ten steps)
-        first = np.flatnonzero((np.diff(idx, prepend=-1) != 0)
-                               | (np.diff(keys, prepend=keys[0] - 1) != 0))
+        first = np.flatnonzero(new_slice | (np.diff(keys, prepend=keys[0] - 1) != 0))
         totals = np.add.reduceat(weights, first)
         bins = self._bins
         for i, key, count in zip(idx[first].tolist(), keys[first].tolist(), totals.tolist(),

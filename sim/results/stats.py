@@ -135,8 +135,8 @@ class LogHistogram:
         size = len(values_s)
         if not size:
             return
-        lo = self.lo_s
-        if float(values_s.min()) >= lo:
+        lo, smallest = self.lo_s, float(values_s.min())
+        if smallest >= lo:
             idx = floor_log(values_s, self._scale, self._offset)
         else:
             idx = np.zeros(size, dtype=np.int64)
@@ -149,17 +149,23 @@ class LogHistogram:
         added = np.bincount(idx - low, weights)
         self._counts[low:low + len(added)] += added.astype(np.int64)
         seen = self.count + np.cumsum(weights)
-        shares = (weights / seen).tolist()  # weight / n, as add divides two ints
-        mean = before = self._mean
-        means = [mean := mean + (value_s - mean) * share
-                 for value_s, share in zip(values_s.tolist(), shares, strict=True)]
-        after = np.frombuffer(struct.pack(f"{size}d", *means))  # 4x cheaper than np.array
-        delta = values_s - np.concatenate(((before,), after[:-1]))
-        m2_terms = (weights * delta) * (values_s - after)
+        # weight / n, as add divides two ints (both exact in float64, far below 2**53);
+        # the loop reads both arrays through memoryviews, which yield the same Python
+        # floats as tolist() without building the lists (a fifth fewer instructions;
+        # float64 and contiguous, which a memoryview can always step through)
+        shares = memoryview(weights / seen)
+        values = memoryview(np.ascontiguousarray(values_s, dtype=np.float64))
+        mean = self._mean
+        means = [mean]  # the mean before each sample, then after the last
+        means += [mean := mean + (value_s - mean) * share
+                  for value_s, share in zip(values, shares, strict=True)]
+        both = np.frombuffer(struct.pack(f"{size + 1}d", *means))  # 4x cheaper than np.array
+        after = both[1:]
+        m2_terms = (weights * (values_s - both[:-1])) * (values_s - after)
         self._m2 = float(add_in_order(np.array([[self._m2]]), m2_terms[:, None],
                                       np.zeros(1, dtype=np.int64))[0, 0])
         self._mean, self.count = mean, int(seen[-1])
-        self.min_s = min(self.min_s, float(values_s.min()))
+        self.min_s = min(self.min_s, smallest)
         self.max_s = max(self.max_s, float(values_s.max()))
 
     @property
