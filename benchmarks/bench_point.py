@@ -27,12 +27,25 @@ def scenario_dict(num_requests: int, rate: float) -> dict:
 
 
 def one_point(num_requests: int, rate: float) -> dict:
+    """The point's row, its process started as the `servesim` process starts (its
+    collector off and no pydantic plugin scan while it imports, one BLAS thread:
+    sim.cli.start_up) and its work begun where `servesim run` begins it, once the
+    scenario is read; a checkout without that start-up (the code before it) starts
+    plainly, as its own `servesim` did."""
+    try:
+        from sim.cli import start_up
+    except ImportError:
+        start_up = None
+    if start_up is not None:
+        start_up.begin()
     from sim.config.scenario import Scenario
     from sim.experiments.run import run_scenario
 
     runs = _count_runs()
     done = _count_recorded()
     scenario = Scenario.model_validate(scenario_dict(num_requests, rate))
+    if start_up is not None:
+        start_up.started()
     rss_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out_dir = Path(tempfile.mkdtemp(prefix="bench-point-"))
     samples: list[list[float]] = []
@@ -63,6 +76,8 @@ def one_point(num_requests: int, rate: float) -> dict:
     if runs is not None:
         row["decode_runs"], row["steps_in_runs"] = runs
         row["events"] = s["num_steps"] - runs[1] + runs[0]
+    if start_up is not None:
+        start_up.leaving()
     return row
 
 

@@ -26,8 +26,13 @@ machines these figures come from: every process would then compile the
 project's ~120 modules again, ~0.1 s). Each checkout gets a cache of its own
 under a temporary PYTHONPYCACHEPREFIX, filled by one untimed run of each
 start-up command and of a 200-request point, so neither checkout is written
-to. `help` and `quickstart` time start-up; their rows also give the process's
-CPU time (user + system), steadier than wall time on a shared machine.
+to. A simulation point's process also starts as the `servesim` process does
+where the checkout has that start-up (sim.cli.start_up: no garbage collections
+and no pydantic plugin scan while it imports, one BLAS thread; bench_point.py),
+as `servesim run` would run it; the base, the code before it, starts plainly,
+as its own `servesim` did. `help` and `quickstart` time start-up; their rows
+also give the process's CPU time (user + system), steadier than wall time on a
+shared machine.
 """
 
 from __future__ import annotations
