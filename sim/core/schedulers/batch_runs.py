@@ -123,7 +123,9 @@ def apply_run(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
         state = batch.state
         contexts = state[COMPUTED, :n].tolist()
         used = _take_blocks(batch, contexts, k, kv, paged, naming)
-        state[COMPUTED:DONE + 1, :n] += k
+        # the whole rows, columns past the last sequence's included (scratch, written whole
+        # on admission): a contiguous block costs numpy a third of a strided one
+        state[COMPUTED:DONE + 1] += k
         # only a segment's last step has finishers (an arrival may cut it before): those
         # done now, found in numpy (a batch is ~40-250 rows)
         finishers = (state[DONE, :n] == state[TARGET, :n]).nonzero()[0].tolist() \
