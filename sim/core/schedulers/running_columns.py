@@ -43,7 +43,11 @@ COUNTERS = {"num_computed_tokens": COMPUTED, "num_output_done": DONE,
 
 
 class RunningColumns:
-    """Per-sequence counters in one (7, capacity) int64 array, aligned with Python lists."""
+    """Per-sequence counters in one (7, capacity) int64 array, aligned with Python lists.
+
+    Column i is the i-th running sequence's; the columns past the last are scratch: every
+    reader slices `[:, :n]`, admission writes a column whole, and a bulk update may run
+    over whole rows (contiguous, a third of numpy's cost of a strided slice)."""
 
     __slots__ = ("reqs", "rids", "tables", "state", "block_size", "spec", "pending",
                  "prefill_scheduled", "_count", "_new", "_emits", "_first_rows", "_admitted",
