@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.core.decode_run import constant
 from sim.core.plan import StepShape
 from sim.latency.roofline_parts import RooflineParts
 
@@ -49,9 +50,8 @@ class RooflineRuns(RooflineParts):
             # min_s in the last step, every step takes the same float; at or over it in the
             # first, no step is held at the minimum
             if launch_s + (tokens0 + (steps - 1) * n) * per_token_s < min_s:
-                floor = np.empty(steps)  # np.full costs three times as much
-                floor.fill(head + layers * min_s + lm_head_s + cpu_s + collectives_s)
-                return floor
+                return constant(steps, head + layers * min_s + lm_head_s + cpu_s + collectives_s,
+                                np.float64)
             floored = launch_s + tokens0 * per_token_s < min_s
             if steps < NUMPY_RUN_STEPS:
                 kernel_s = [launch_s + k * per_token_s

@@ -18,7 +18,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from sim.core.decode_run import DecodeRun, FinishStep, RunSegment, decode_shape
+from sim.core.decode_run import DecodeRun, FinishStep, RunSegment, constant, decode_shape
 from sim.core.kv import KVManager, PagedBlockManager
 from sim.core.plan import StepPlan, StepShape
 from sim.core.request import Request
@@ -159,14 +159,14 @@ def _take_blocks(batch: RunningBatch, contexts: list[int], steps: int, kv: KVMan
     if len(contexts) > 32:  # numpy's fixed cost is less than the loops'
         phase = (-batch.state[COMPUTED, :len(contexts)]) % bs
         if not cycles and int(np.minimum.reduce(phase)) >= rest + (naming is not None):
-            return _constant(steps, used0)
+            return constant(steps, used0)
         per_phase = np.bincount(phase, minlength=bs).tolist()
         order = phase.argsort(kind="stable").tolist()
     else:
         phases = [-c % bs for c in contexts]
         # nobody crosses a block boundary (nor, with names, fills a block)
         if not cycles and min(phases, default=bs) >= rest + (naming is not None):
-            return _constant(steps, used0)
+            return constant(steps, used0)
         per_phase = [0] * bs
         for p in phases:
             per_phase[p] += 1
@@ -182,19 +182,12 @@ def _take_blocks(batch: RunningBatch, contexts: list[int], steps: int, kv: KVMan
     else:
         _take_naming(batch, contexts, steps, kv, naming, per_phase, order)
     if not paged:
-        return _constant(steps, used0)
+        return constant(steps, used0)
     if steps > 64:  # a long run: the cycle repeated in C
         return np.resize(np.array(per_phase), steps).cumsum() + used0
     taken = per_phase * cycles + per_phase[:rest]
     taken[0] += used0
     return np.fromiter(accumulate(taken), np.int64, steps)
-
-
-def _constant(steps: int, blocks: int) -> np.ndarray:
-    """`blocks` in use at each of `steps` steps (np.full costs three times as much)."""
-    used = np.empty(steps, dtype=np.int64)
-    used.fill(blocks)
-    return used
 
 
 def _take_naming(batch: RunningBatch, contexts: list[int], steps: int, kv: KVManager,
