@@ -150,6 +150,17 @@ def bench_sim(*args: str, json_name: str) -> Callable[[Context], str]:
     return step
 
 
+def stage_costs(ctx: Context) -> str:
+    """Each stage's cost at the two bench_sim rates, a table and a JSON file each."""
+    parts = []
+    for n, rate, name in ((10_000, "2", "2rps"), (10_000, "200", "saturating")):
+        cmd = ["benchmarks/stage_costs.py", str(n), rate, "--json",
+               f"benchmarks/results/stage_costs_{name}.json"]
+        parts.append(f"```\n$ python {' '.join(cmd)}\n"
+                     f"{command([sys.executable, *cmd]).rstrip()}\n```\n")
+    return "\n".join(parts)
+
+
 def bench_engine(ctx: Context) -> str:
     cmd = ["benchmarks/bench_engine.py", "--device", "cpu", "--repeats", "10", "--out",
            "benchmarks/results"]
@@ -235,6 +246,10 @@ STEPS = (
     Step("bench_sim_1m", "simulator speed and memory at a million requests (2 req/s, 10x "
          "overload)", "20 min", ("benchmarks/results/bench_sim_1m.json",),
          bench_sim("--only", "1m", "overload", "--rounds", "1", json_name="bench_sim_1m.json")),
+    Step("stage_costs", "where a simulation's wall time goes, stage by stage (10k requests at 2 "
+         "and 200 req/s)", "1 min", ("benchmarks/results/stage_costs_2rps.json",
+                                     "benchmarks/results/stage_costs_saturating.json"),
+         stage_costs),
     Step("bench_engine", "engine kernels on this CPU against their floors", "2.5 min",
          ("benchmarks/results/bench_engine.json",), bench_engine),
     Step("serve", "servesim load and vllm bench serve against servesim serve", "3 min",
