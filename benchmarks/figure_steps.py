@@ -142,23 +142,24 @@ def fidelity(ctx: Context) -> str:
                                                             flags=re.MULTILINE))
 
 
+def python_block(*cmd: str) -> str:
+    """`python CMD` run, shown as a fenced block: the command, then what it printed."""
+    out = command([sys.executable, *cmd])
+    return f"```\n$ python {' '.join(cmd)}\n{out.rstrip()}\n```\n"
+
+
 def bench_sim(*args: str, json_name: str) -> Callable[[Context], str]:
     def step(ctx: Context) -> str:
-        cmd = ["benchmarks/bench_sim.py", *args, "--json", f"benchmarks/results/{json_name}"]
-        out = command([sys.executable, *cmd])
-        return f"```\n$ python {' '.join(cmd)}\n{out.rstrip()}\n```\n"
+        return python_block("benchmarks/bench_sim.py", *args, "--json",
+                            f"benchmarks/results/{json_name}")
     return step
 
 
 def stage_costs(ctx: Context) -> str:
     """Each stage's cost at the two bench_sim rates, a table and a JSON file each."""
-    parts = []
-    for n, rate, name in ((10_000, "2", "2rps"), (10_000, "200", "saturating")):
-        cmd = ["benchmarks/stage_costs.py", str(n), rate, "--json",
-               f"benchmarks/results/stage_costs_{name}.json"]
-        parts.append(f"```\n$ python {' '.join(cmd)}\n"
-                     f"{command([sys.executable, *cmd]).rstrip()}\n```\n")
-    return "\n".join(parts)
+    return "\n".join(python_block("benchmarks/stage_costs.py", "10000", rate, "--json",
+                                   f"benchmarks/results/stage_costs_{name}.json")
+                      for rate, name in (("2", "2rps"), ("200", "saturating")))
 
 
 def bench_engine(ctx: Context) -> str:
