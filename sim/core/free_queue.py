@@ -58,7 +58,8 @@ class FreeQueue:
         The caller knows there are enough.
         """
         self._size -= count
-        front, taken = self._front, ()
+        front = self._front
+        taken: tuple[int, ...] = ()
         if front and count:
             n = min(count, len(front))
             taken = tuple(front[:-n - 1:-1])  # the last n, last first

@@ -85,7 +85,7 @@ class RooflineRuns(RooflineParts):
             attention = 0.0
             if pairs:
                 compute, memory = pairs * pair_s, float(context + n + 0) * token_s
-                t = launch_s + (compute if compute >= memory else memory)
-                attention = layers * (t if t >= min_s else min_s)
+                kernel = launch_s + (compute if compute >= memory else memory)
+                attention = layers * (kernel if kernel >= min_s else min_s)
             out.append(head + attention + lm_head_s + cpu_s + collectives_s + 0.0)
         return np.array(out)

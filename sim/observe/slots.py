@@ -45,10 +45,10 @@ class SlotRecorder:
     def on_step(self, start_s: float, duration_s: float, plan: StepPlan) -> None:
         if len(self.steps) >= self.max_steps:
             return
-        for rid, slot in list(self._slot_of.items()):
+        for rid, freed in list(self._slot_of.items()):
             if self._requests[rid].finish_s is not None or rid in plan.preempted_ids:
                 del self._slot_of[rid]
-                heapq.heappush(self._free, slot)
+                heapq.heappush(self._free, freed)
         cells = []
         for rid, prefill in zip(plan.request_ids, plan.is_prefill, strict=True):
             slot = self._slot_of.get(rid)

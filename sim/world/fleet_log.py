@@ -137,7 +137,8 @@ class FleetLog:
                 stop += 1
             group = ready[at:stop]
             if len(group) > 1:  # ends at one instant: in the order their steps were created
-                batch = self._emit(batch)  # the keys read the seqs of the steps before
+                self._emit(batch)  # the keys read the seqs of the steps before
+                batch = None
                 group.sort(key=_created)
             for _, steps, i in group:
                 if batch is not None and batch[0] is steps and batch[2] == i:
