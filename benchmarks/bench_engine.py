@@ -3,7 +3,7 @@
     python benchmarks/bench_engine.py --device cpu            # tiny and llama-100m
     python benchmarks/bench_engine.py --device cuda --out DIR # Llama-3-8B shape, bf16
 
-The measuring lives in calibrate/gpu_speed.py (the GPU check runs the same
+The measuring lives in calibrate/gpu/speed.py (the GPU check runs the same
 code): floors measured on this device (copy bandwidth, a large matmul), steps
 through the engine's own runner (CUDA graphs for decode on CUDA), random
 weights and KV. Each row prints measured device time over its floor (1.0 = at
@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from calibrate import gpu_speed  # noqa: E402
+from calibrate.gpu import speed as gpu_speed  # noqa: E402
 from sim.config.catalogue import get_model  # noqa: E402
 from sim.config.costs import weights_bytes  # noqa: E402
 from sim.config.specs import stored_as  # noqa: E402

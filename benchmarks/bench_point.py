@@ -102,7 +102,7 @@ def _count_runs() -> list[int] | None:
 
 def _count_recorded() -> list[int]:
     """[requests recorded so far] (finished or rejected), counted as the recorder sees them."""
-    from sim.results.metrics import RunRecorder
+    from sim.results.record.recorder import RunRecorder
 
     counts = [0]
     for name in ("record_finished", "record_rejected"):

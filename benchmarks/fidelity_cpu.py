@@ -32,7 +32,8 @@ if str(REPO) not in sys.path:  # run as a file from anywhere in the checkout
 
 from calibrate.bracket import profile_and_validate  # noqa: E402
 from calibrate.fit import format_report  # noqa: E402
-from calibrate.profile import ProfileSettings  # noqa: E402
+from calibrate.profile.rig import git_commit  # noqa: E402
+from calibrate.profile.run import ProfileSettings  # noqa: E402
 from calibrate.report import (  # noqa: E402
     components_markdown,
     metrics_markdown,
@@ -40,7 +41,6 @@ from calibrate.report import (  # noqa: E402
     steps_markdown,
     write_report,
 )
-from calibrate.rig import git_commit  # noqa: E402
 from calibrate.validate import Fidelity, validate  # noqa: E402
 from sim.config.loader import load_scenario  # noqa: E402
 

@@ -24,8 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from calibrate.fit_roofline import FAMILY_OF_DEVICE
-from calibrate.measured import (
+from calibrate.published.fit_roofline import FAMILY_OF_DEVICE
+from calibrate.published.kernels import (
+    load_cpu_overheads,
+    load_decode_attention,
+    load_gemms,
+    load_prefill_attention,
+)
+from calibrate.published.measured import (
     DEFAULT_ROOT,
     Fixture,
     LinearOpRow,
@@ -33,20 +39,14 @@ from calibrate.measured import (
     by_fixture,
     load_linear_ops,
 )
-from calibrate.measured_kernels import (
-    load_cpu_overheads,
-    load_decode_attention,
-    load_gemms,
-    load_prefill_attention,
-)
-from calibrate.roofline_check import (
+from calibrate.published.roofline_check import (
     ErrorSummary,
     device_hardware,
     linear_stack_s,
     linear_stack_terms,
 )
-from calibrate.roofline_errors import attention_ms
-from calibrate.roofline_errors import stack_ms as fitted_stack_ms
+from calibrate.published.roofline_errors import attention_ms
+from calibrate.published.roofline_errors import stack_ms as fitted_stack_ms
 from sim.latency.roofline_fits import FAMILIES
 
 MAX_ROWS = 4096

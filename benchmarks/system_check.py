@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from calibrate.import_profile import import_profile
+from calibrate.published.import_profile import import_profile
 from sim.config.catalogue import get_hardware, get_model
 from sim.config.scenario import Scenario
 from sim.experiments.run import run_scenario

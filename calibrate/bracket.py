@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.fit import FitReport, fit_table
-from calibrate.profile import ProfileResult, ProfileSettings, profile_engine
+from calibrate.profile.run import ProfileResult, ProfileSettings, profile_engine
 from calibrate.validate import EngineReplay, Fidelity, compare, run_engine
 from sim.config.catalogue import get_model
 from sim.config.scenario import Scenario

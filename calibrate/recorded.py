@@ -23,7 +23,7 @@ from gpu_engine.engine import StepLog
 from sim.assemble import build_replica, kv_budget
 from sim.config.scenario import Scenario
 from sim.core.plan import StepPlan, StepResult, StepShape
-from sim.results.metrics import RunRecorder
+from sim.results.record.recorder import RunRecorder
 from sim.workload import make_requests
 from sim.world.fleet import simulate_fleet
 from sim.world.replica import ReplicaSetup

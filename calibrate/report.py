@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.validate import Fidelity
-from sim.results.report import jsonable
+from sim.results.files.report import jsonable
 
 _SOURCES = ("engine", "table", "roofline")
 

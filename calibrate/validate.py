@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from calibrate.profile.rig import git_commit
 from calibrate.recorded import Diverged, resimulate
-from calibrate.rig import git_commit
 from gpu_engine.engine import StepLog
 from gpu_engine.host import torch_threads
 from gpu_engine.replay import replay_scenario
@@ -41,8 +41,8 @@ from sim.experiments.run import run_scenario
 from sim.latency import LatencyModel
 from sim.latency.table_files import load_table
 from sim.latency.table_format import TableMetadata, step_kind
-from sim.results.fidelity import METRICS, relative_error_pct
-from sim.results.run import RunResult
+from sim.results.files.fidelity import METRICS, relative_error_pct
+from sim.results.files.run import RunResult
 from sim.world.speculation import alpha_for_tokens_per_step
 
 

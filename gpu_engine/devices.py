@@ -1,7 +1,7 @@
 """Device, dtype and memory of the machine the engine runs on (no scenario, no simulator).
 
 Kept apart from gpu_engine/setup.py so that what runs on a bare GPU machine
-(calibration, calibrate/gpu_check.py) imports neither pydantic nor simpy.
+(calibration, calibrate/gpu/check.py) imports neither pydantic nor simpy.
 """
 
 from __future__ import annotations

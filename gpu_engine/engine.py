@@ -35,8 +35,8 @@ from sim.core.plan import StepPlan, StepResult, StepShape, checked_plan
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
-from sim.results.metrics import RunRecorder
-from sim.results.recording import record_step
+from sim.results.record.recorder import RunRecorder
+from sim.results.record.recording import record_step
 
 _SEED_STRIDE = 1_000_003  # per-request sampling seeds: engine seed x stride + request id
 GREEDY = SamplingParams()
@@ -245,7 +245,7 @@ class Engine:
     def record(self, plan: StepPlan, finished: list[Request], recorder: RunRecorder,
                on_done: Callable[[int], None] | None = None) -> None:
         """What replay does after each step (calibration times the same work): record the
-        step and its finished requests (sim.results.recording, as the simulator does),
+        step and its finished requests (sim.results.record.recording, as the simulator does),
         forget those, drop the step's token events."""
         log = self.steps[-1]
         speculating = self.scheduler.speculative_tokens > 0

@@ -1,7 +1,7 @@
 """`servesim engine replay`: a scenario's workload served by the real engine.
 
-The result is the simulator's own `RunResult` (sim.results.run, summarised by
-sim.results.summary), so the same summary, files and plots come out; the engine
+The result is the simulator's own `RunResult` (sim.results.files.run, summarised by
+sim.results.files.summary), so the same summary, files and plots come out; the engine
 adds `engine_steps.csv` (every step's shape with
 its whole-step wall time and device time), which calibration reads.
 """
@@ -27,9 +27,9 @@ from gpu_engine.setup import EngineSetup, build_engine
 from sim.config.scenario import Scenario
 from sim.core.request import Request
 from sim.latency import LatencyModel
-from sim.results.metrics import RunRecorder
-from sim.results.run import RunResult
-from sim.results.summary import run_summary
+from sim.results.files.run import RunResult
+from sim.results.files.summary import run_summary
+from sim.results.record.recorder import RunRecorder
 from sim.workload import make_requests
 
 

@@ -155,7 +155,7 @@ def test_the_simpy_world_aborts_between_steps_and_records_it() -> None:
     import simpy
     from test_des import FixedLatency
 
-    from sim.results.metrics import RunRecorder
+    from sim.results.record.recorder import RunRecorder
     from sim.world.replica import Replica
 
     env = simpy.Environment()

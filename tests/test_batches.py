@@ -8,10 +8,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.results.batches import RequestBatches
-from sim.results.sketch import DEFAULT_RELATIVE_ERROR
-from sim.results.slo import SLO
-from sim.results.steady_state import mser_cut, weighted_mser_cut
+from sim.results.record.batches import RequestBatches
+from sim.results.stats.sketch import DEFAULT_RELATIVE_ERROR
+from sim.results.stats.slo import SLO
+from sim.results.stats.steady_state import mser_cut, weighted_mser_cut
 
 # (arrival, queue, ttft after queue, e2el after ttft, output tokens, finished)
 requests = st.lists(st.tuples(st.floats(0, 500), st.floats(0, 5), st.floats(1e-3, 5),
@@ -109,9 +109,9 @@ def test_weighted_mser_ignores_empty_batches_and_cuts_a_transient() -> None:
 @settings(max_examples=100, deadline=None)
 @given(requests, st.integers(1, 25))
 def test_a_window_merged_from_its_groups_is_the_window_merged_batch_by_batch(rows, k) -> None:
-    # sim.results.steady merges the window's sketches from its groups' (one merge a group):
+    # sim.results.files.steady merges the window's sketches from its groups' (one merge a group):
     # the same buckets, count, zeros, min and max, and the moments float for float
-    from sim.results.steady import _whole
+    from sim.results.files.steady import _whole
 
     batches = _fill(rows)
     window = batches.batches()

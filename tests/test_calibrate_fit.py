@@ -19,7 +19,7 @@ from calibrate.fit import (
     predict_ms,
     raw_features,
 )
-from calibrate.synthetic import (
+from calibrate.profile.synthetic import (
     SyntheticCost,
     shape_grid,
     synthetic_measurements,

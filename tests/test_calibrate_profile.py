@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")  # the profiler runs the engine
 
-from calibrate.grid import (  # noqa: E402
+from calibrate.profile.grid import (  # noqa: E402
     SPEC_TOKENS,
     GridLimits,
     GridPoint,
@@ -23,9 +23,9 @@ from calibrate.grid import (  # noqa: E402
     evenly,
     plan_within,
 )
-from calibrate.profile import ProfileSettings, profile_engine  # noqa: E402
-from calibrate.rig import build_rig  # noqa: E402
-from calibrate.shaping import PointRun, shape_matches  # noqa: E402
+from calibrate.profile.rig import build_rig  # noqa: E402
+from calibrate.profile.run import ProfileSettings, profile_engine  # noqa: E402
+from calibrate.profile.shaping import PointRun, shape_matches  # noqa: E402
 from gpu_engine.clock import WallClock  # noqa: E402
 from gpu_engine.host import ThreadCpuClock  # noqa: E402
 from gpu_engine.replay import replay_scenario  # noqa: E402
@@ -269,7 +269,7 @@ def test_a_prefill_after_idling_is_timed_from_its_requests_arrival(
     """As a replay's first step after idling starts at the arrival and admits it: the prompt
     is added after the idle wait, inside the timing; on a context (a cached prefix), the
     context is shaped after the admission, off the clock."""
-    import calibrate.shaping as shaping
+    import calibrate.profile.shaping as shaping
 
     events: list[str] = []
 

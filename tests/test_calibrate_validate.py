@@ -18,10 +18,12 @@ import pytest
 
 pytest.importorskip("torch")  # the engine's side; a simulator-only install skips this file
 
-from calibrate import gpu_check, gpu_plan, gpu_report  # noqa: E402
 from calibrate.bracket import bracket_problems, replay_passes  # noqa: E402
 from calibrate.fit import fit_table  # noqa: E402
-from calibrate.profile import ProfileSettings, profile_engine  # noqa: E402
+from calibrate.gpu import check as gpu_check
+from calibrate.gpu import plan as gpu_plan
+from calibrate.gpu import report as gpu_report  # noqa: E402
+from calibrate.profile.run import ProfileSettings, profile_engine  # noqa: E402
 from calibrate.report import (  # noqa: E402
     markdown,
     requests_frame,
@@ -44,7 +46,7 @@ from sim.config.speculative import BetaAlphaConfig, FixedAlphaConfig  # noqa: E4
 from sim.core.plan import StepShape  # noqa: E402
 from sim.experiments.run import run_scenario  # noqa: E402
 from sim.latency.table_files import open_table_latency, read_measurements  # noqa: E402
-from sim.results.sketch import DEFAULT_RELATIVE_ERROR  # noqa: E402
+from sim.results.stats.sketch import DEFAULT_RELATIVE_ERROR  # noqa: E402
 from sim.world.speculation import expected_tokens_per_step  # noqa: E402
 
 SCENARIO = """
@@ -181,7 +183,7 @@ def test_report_carries_the_actual_numbers(calibrated) -> None:  # noqa: ANN001
     requests = pd.read_csv(out / "requests.csv")
     assert len(requests) == 30 and requests["ttft_ms_engine"].notna().all()
     # the table's TTFT p50 in the JSON is the median of the requests the CSV lists, within
-    # the summary's sketch error (sim.results.sketch) plus the CSV's 6 significant digits
+    # the summary's sketch error (sim.results.stats.sketch) plus the CSV's 6 significant digits
     assert requests["ttft_ms_table"].median() == pytest.approx(
         fidelity.metric("median_ttft_ms").table, rel=DEFAULT_RELATIVE_ERROR + 5e-6)
 
@@ -406,7 +408,7 @@ def test_gpu_script_imports_neither_simpy_nor_pydantic() -> None:
             "        if name.split('.')[0] in ('simpy', 'pydantic', 'pydantic_core'):\n"
             "            raise ImportError('blocked ' + name)\n"
             "sys.meta_path.insert(0, Block())\n"
-            "import calibrate.gpu_check\n")
+            "import calibrate.gpu.check\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -126,10 +126,10 @@ def test_calibrate_checks_its_directories_before_measuring(
         argv: list[str]) -> None:
     pytest.importorskip("torch")
     import calibrate.fit
-    import calibrate.profile
+    import calibrate.profile.run
     import calibrate.validate
 
-    for module, name in ((calibrate.profile, "profile_engine"),
+    for module, name in ((calibrate.profile.run, "profile_engine"),
                          (calibrate.validate, "validate_file"), (calibrate.fit, "fit_table")):
         monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("the work started"))
     blocker = write(tmp_path, "", "blocker")
@@ -231,7 +231,7 @@ def test_one_run_per_directory_with_its_provenance(
 
 
 def test_provenance_without_git(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sim.results.provenance import git_commit, provenance
+    from sim.results.files.provenance import git_commit, provenance
 
     monkeypatch.setenv("PATH", "")  # no git to run
     assert git_commit() == (None, None)
@@ -243,7 +243,7 @@ def test_provenance_finds_the_commit_of_this_checkout() -> None:
     the checkout's HEAD: the module must find the checkout's root from where it lives."""
     import subprocess
 
-    from sim.results.provenance import git_commit
+    from sim.results.files.provenance import git_commit
 
     root = Path(__file__).resolve().parents[1]
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
@@ -254,7 +254,7 @@ def test_provenance_finds_the_commit_of_this_checkout() -> None:
 
 
 def test_provenance_of_a_package_inside_another_repository(tmp_path: Path) -> None:
-    from sim.results.provenance import git_commit
+    from sim.results.files.provenance import git_commit
 
     assert git_commit(tmp_path) == (None, None)
 

@@ -13,7 +13,7 @@ from sim.world.replica import ReplicaSetup
 
 def test_a_replay_plan_writes_its_scheduler_settings_as_an_object() -> None:
     pytest.importorskip("torch")
-    from calibrate.plain_replay import ReplayPlan
+    from calibrate.gpu.plain_replay import ReplayPlan
     from gpu_engine.sampling import SamplingParams
 
     settings = SchedulerSettings(max_num_seqs=8, speculative_tokens=2)

@@ -16,7 +16,7 @@ from sim.core.plan import StepPlan, StepShape
 from sim.core.request import Request, RequestState
 from sim.core.schedulers import ContinuousScheduler, StaticScheduler
 from sim.latency.roofline import RooflineLatency
-from sim.results.metrics import RunRecorder
+from sim.results.record.recorder import RunRecorder
 from sim.world.fleet import simulate
 
 

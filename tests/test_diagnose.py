@@ -20,7 +20,7 @@ from sim.latency.roofline import RooflineLatency
 from sim.observe.diagnose import TTFT_PARTS
 from sim.observe.explain import DiagnosisError, dominant_cause, explain_request, explain_run
 from sim.observe.observer import ReplicaObserver
-from sim.results.metrics import RunRecorder
+from sim.results.record.recorder import RunRecorder
 from sim.world.fleet import simulate
 
 ROOF = RooflineLatency(get_model("llama-3-8b"), get_hardware("h100-sxm"))

@@ -14,7 +14,7 @@ from sim.core.plan import StepPlan, StepShape
 from sim.core.request import Request
 from sim.core.schedulers import ContinuousScheduler, DynamicScheduler, StaticScheduler
 from sim.latency.runs import each_step_s
-from sim.results.metrics import RunRecorder
+from sim.results.record.recorder import RunRecorder
 from sim.workload import make_requests
 from sim.world.fleet import simulate
 

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from calibrate.sync_count import patched_reads  # noqa: E402
+from calibrate.gpu.sync_count import patched_reads  # noqa: E402
 from gpu_engine.inputs import build_inputs  # noqa: E402
 from gpu_engine.kv_cache import PagedKVCache  # noqa: E402
 from gpu_engine.sampling import SamplingParams  # noqa: E402

@@ -25,7 +25,7 @@ from sim.core.batching import graph_batch_sizes, padded_batch_size  # noqa: E402
 from sim.core.plan import StepPlan  # noqa: E402
 from sim.core.request import Request  # noqa: E402
 from sim.experiments.outputs import write_outputs  # noqa: E402
-from sim.results.metrics import RunRecorder  # noqa: E402
+from sim.results.record.recorder import RunRecorder  # noqa: E402
 from sim.workload import make_requests  # noqa: E402
 from sim.world.fleet import simulate, simulate_fleet  # noqa: E402
 from sim.world.replica import ReplicaSetup  # noqa: E402

@@ -20,7 +20,7 @@ from gpu_engine.speculative import Drafts, VerifyRow, unpack, verify  # noqa: E4
 from sim.assemble import build_latency  # noqa: E402
 from sim.config.scenario import Scenario  # noqa: E402
 from sim.core.request import Request  # noqa: E402
-from sim.results.metrics import RunRecorder  # noqa: E402
+from sim.results.record.recorder import RunRecorder  # noqa: E402
 from sim.workload import make_requests  # noqa: E402
 
 CPU_HW = {"name": "cpu-test", "bf16_flops_per_s": 5e10, "memory_bytes": 2**26,

@@ -30,7 +30,7 @@ from sim.latency import each_step_s
 from sim.latency.roofline import RooflineLatency
 from sim.latency.table import TableFit, TableLatency
 from sim.observe.observer import ReplicaObserver
-from sim.results.metrics import RunRecorder
+from sim.results.record.recorder import RunRecorder
 from sim.world.fleet import simulate_fleet
 from sim.world.replica import ReplicaSetup
 from sim.world.router import build_router, router_rng

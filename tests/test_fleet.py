@@ -20,9 +20,9 @@ from sim.core.kv import PagedBlockManager
 from sim.core.request import Request, RequestState
 from sim.core.schedulers import ContinuousScheduler, StaticScheduler
 from sim.experiments.run import run_scenario
-from sim.results.metrics import RunRecorder
-from sim.results.steady import steady_summary
-from sim.results.summary import summarize
+from sim.results.files.steady import steady_summary
+from sim.results.files.summary import summarize
+from sim.results.record.recorder import RunRecorder
 from sim.workload import make_requests
 from sim.world.fleet import simulate, simulate_fleet
 from sim.world.replica import ReplicaSetup
@@ -153,7 +153,7 @@ def test_one_replica_is_exactly_the_single_replica_path() -> None:
     rows = fleet_summary.pop("replicas")
     for key in ("latency_model", "simulation_wall_s"):
         fleet_summary.pop(key)
-    steady = steady_summary(recorder.request_batches(), recorder.itl_slices)
+    steady = steady_summary(recorder.request_batches().series(), recorder.itl_slices)
     assert json.dumps({k: fleet_summary.pop(k) for k in steady}, sort_keys=True) == json.dumps(
         steady, sort_keys=True)
     assert json.dumps(fleet_summary, sort_keys=True) == json.dumps(today, sort_keys=True)

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from calibrate.published_profile import Curve
+from calibrate.published.profiles import Curve
 from sim.cli import main
 from sim.config.catalogue import get_model
 from sim.config.scenario import Scenario
@@ -167,7 +167,7 @@ def test_a_quantised_model_is_refused(tmp_path: Path, field: str) -> None:
     """The profiles time bf16 kernels: a table claiming fp8 weights or KV would lie."""
     import dataclasses
 
-    from calibrate.import_profile import import_profile
+    from calibrate.published.import_profile import import_profile
     from sim.config.catalogue import get_hardware
     from sim.latency.table_format import TableError
 
@@ -244,8 +244,8 @@ def test_bad_table_step_overhead_is_one_message(tmp_path: Path, value: object, m
 def test_attention_outside_the_measured_grid_scales_as_the_roofline(tmp_path: Path) -> None:
     """Past the table's longest KV, decode attention is its edge scaled by the roofline's
     growth, not the edge itself."""
-    from calibrate.import_profile import ComposedStep
-    from calibrate.published_profile import read_vidur
+    from calibrate.published.import_profile import ComposedStep
+    from calibrate.published.profiles import read_vidur
     from sim.config.catalogue import get_hardware
     from sim.latency.roofline import RooflineLatency
 

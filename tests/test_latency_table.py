@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calibrate.fit import fit_table
-from calibrate.synthetic import SyntheticCost, write_synthetic_table
+from calibrate.profile.synthetic import SyntheticCost, write_synthetic_table
 from sim.assemble import build_block_manager, build_latency, build_scheduler, kv_budget
 from sim.cli import main
 from sim.config.catalogue import get_model
@@ -44,7 +44,7 @@ from sim.latency.table_format import (
     TableError,
     upgrade_metadata,
 )
-from sim.results.metrics import RunRecorder
+from sim.results.record.recorder import RunRecorder
 from sim.workload import make_requests
 from sim.world.fleet import simulate
 

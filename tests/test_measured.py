@@ -13,8 +13,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from calibrate.measured import (
+from calibrate.published.kernels import (
+    AttentionShape,
+    load_cpu_overheads,
+    load_decode_attention,
+    load_prefill_attention,
+)
+from calibrate.published.measured import (
     DEFAULT_ROOT,
+    MISSING,
     Fixture,
     MeasuredDataError,
     ModelShape,
@@ -22,12 +29,6 @@ from calibrate.measured import (
     load_linear_ops,
     load_llmservingsim_linear_ops,
     load_vidur_linear_ops,
-)
-from calibrate.measured_kernels import (
-    AttentionShape,
-    load_cpu_overheads,
-    load_decode_attention,
-    load_prefill_attention,
 )
 
 VIDUR_MS = {"emb": 0.5, "input_layernorm": 0.01, "attn_pre_proj": 0.2, "attn_rope": 0.02,
@@ -225,7 +226,7 @@ def test_cpu_overhead_total_sums_stages(tmp_path: Path) -> None:
 
 # ---- the real trimmed tables, where calibration/measured/ holds them
 needs_data = pytest.mark.skipif(not (DEFAULT_ROOT / "vidur" / "models.csv").is_file(),
-                                reason="calibration/measured/ has no trimmed tables")
+                                reason=MISSING)
 
 
 @needs_data

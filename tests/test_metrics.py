@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from sim.core.plan import StepPlan, StepShape, checked_plan
 from sim.core.request import Request, RequestState
 from sim.plots.run import plot_run, plot_timeseries
-from sim.results.files import write_run_files
-from sim.results.metrics import RunRecorder
-from sim.results.report import format_summary, jsonable
-from sim.results.slo import SLO
-from sim.results.stats import LogHistogram, describe_ms, weighted_percentiles
-from sim.results.time_buckets import TimeBuckets
+from sim.results.files.report import format_summary, jsonable
+from sim.results.files.write import write_run_files
+from sim.results.record.recorder import RunRecorder
+from sim.results.record.time_buckets import TimeBuckets
+from sim.results.stats.percentiles import LogHistogram, describe_ms, weighted_percentiles
+from sim.results.stats.slo import SLO
 
 
 def write_outputs(rec: RunRecorder, out_dir: Path, summary: dict, plots: bool = True

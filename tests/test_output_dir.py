@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.results.output_dir import OutputDirError, Staging, check_output_dir, variant_dir
+from sim.results.files.output_dir import OutputDirError, Staging, check_output_dir, variant_dir
 
 
 def stage_files(parent: Path) -> list[str]:
@@ -146,7 +146,7 @@ def test_ctrl_c_while_the_hidden_directory_is_made_leaves_nothing(
     import os
     import signal
 
-    import sim.results.output_dir as output_dir
+    import sim.results.files.output_dir as output_dir
 
     real_mkdir = os.mkdir
 
@@ -169,7 +169,7 @@ def test_ctrl_c_waits_too_while_another_thread_is_alive(
     import signal
     import threading
 
-    import sim.results.output_dir as output_dir
+    import sim.results.files.output_dir as output_dir
 
     real_mkdir = os.mkdir
     seen: list[bool] = []

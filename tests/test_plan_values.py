@@ -78,7 +78,7 @@ def test_the_values_pickle() -> None:
 def test_an_engine_record_writes_a_shape_as_an_object(tmp_path: Path) -> None:
     """The record file's format is unchanged: a NamedTuple would json-dump as a bare list."""
     pytest.importorskip("torch")
-    from calibrate.plain_replay import EngineRecord, read_record, write_record
+    from calibrate.gpu.plain_replay import EngineRecord, read_record, write_record
     from gpu_engine.engine import StepLog
 
     step = StepLog(0.5, 0.25, 0.2, 0.1, SHAPE, 2, 48, (1, 3), 4)

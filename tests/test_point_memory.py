@@ -16,7 +16,7 @@ from sim.experiments.outputs import write_outputs
 from sim.experiments.replicate import replicate
 from sim.experiments.run import run_scenario
 from sim.experiments.runner import Backend, Task, run_task, stream_digest
-from sim.results.report import jsonable
+from sim.results.files.report import jsonable
 
 CASES = {
     "plain": [],

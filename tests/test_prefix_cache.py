@@ -18,7 +18,7 @@ from sim.core.prefix import block_hashes
 from sim.core.request import Request
 from sim.core.schedulers import ContinuousScheduler
 from sim.experiments.run import run_scenario
-from sim.results.report import format_summary
+from sim.results.files.report import format_summary
 
 MOONCAKE = (Path(__file__).resolve().parents[1] / "sim" / "workload" / "data" / "traces"
             / "mooncake_conversation.jsonl")

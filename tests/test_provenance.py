@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.results.provenance import git_commit
+from sim.results.files.provenance import git_commit
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="no git")
 

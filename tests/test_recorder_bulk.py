@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 from sim.core.decode_run import DecodeRun
 from sim.core.plan import StepPlan, StepShape, checked_plan
-from sim.results.inorder import EDGE, add_in_order, floor_log, sum_rows
-from sim.results.itl_slices import ITLSlices
-from sim.results.metrics import RunRecorder
-from sim.results.stats import LogHistogram
-from sim.results.step_buffer import StepBuffer
-from sim.results.time_buckets import TimeBuckets
+from sim.results.record.itl_slices import ITLSlices
+from sim.results.record.recorder import RunRecorder
+from sim.results.record.step_buffer import StepBuffer
+from sim.results.record.time_buckets import TimeBuckets
+from sim.results.stats.inorder import EDGE, add_in_order, floor_log, sum_rows
+from sim.results.stats.percentiles import LogHistogram
 
 _SCALE = 1.0 / math.log1p(1e-3)
 

@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.core.request import Request, RequestState
-from sim.results.batches import Batch, RequestBatches
-from sim.results.metrics import RunRecorder
-from sim.results.requests import RequestBlock, RequestCSV
-from sim.results.sketch import QuantileSketch
-from sim.results.slo import SLO
+from sim.results.record.batches import Batch, RequestBatches
+from sim.results.record.recorder import RunRecorder
+from sim.results.record.requests import RequestBlock, RequestCSV
+from sim.results.stats.sketch import QuantileSketch
+from sim.results.stats.slo import SLO
 
 GAMMA = (1 + 0.005) / (1 - 0.005)
 

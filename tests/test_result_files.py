@@ -1,4 +1,4 @@
-"""timeseries.csv is written without pandas (sim.results.files.write_columns), byte for byte
+"""timeseries.csv is written without pandas (sim.results.files.write.write_columns), byte for byte
 as pandas' to_csv(index=False) would write the same columns."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.results.files import write_columns
+from sim.results.files.write import write_columns
 
 
 def test_columns_are_written_as_pandas_writes_them(tmp_path: Path) -> None:

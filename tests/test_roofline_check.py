@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from calibrate.measured import ModelShape
-from calibrate.measured_kernels import AttentionShape
-from calibrate.roofline_check import (
+from calibrate.published.kernels import AttentionShape
+from calibrate.published.measured import ModelShape
+from calibrate.published.roofline_check import (
     Efficiencies,
     ErrorSummary,
     decode_attention_s,

@@ -30,13 +30,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calibrate.measured import DEFAULT_ROOT, by_fixture, load_linear_ops
-from calibrate.measured_kernels import DecodeAttentionPoint
+from calibrate.published.kernels import DecodeAttentionPoint
+from calibrate.published.measured import DEFAULT_ROOT, MISSING, by_fixture, load_linear_ops
 
 pytestmark = pytest.mark.skipif(
     not (DEFAULT_ROOT / "vidur" / "models.csv").is_file()
     or not (DEFAULT_ROOT / "inference_sim").is_dir(),
-    reason="published GPU tables not fetched: calibration/measured/README.md says how")
+    reason=MISSING)
 
 ISSUE_BOUNDS = (0.10, 0.15, 0.30)  # |median|, p95 |e|, worst |e|
 H100_TILE_CHOICE = (0.10, 0.22, 0.30)
@@ -67,8 +67,8 @@ def _check(errors: dict[str, tuple[np.ndarray, tuple[float, float, float]]]) -> 
 
 
 def _stack_errors(device: str) -> dict[str, tuple[np.ndarray, tuple[float, float, float]]]:
-    from calibrate.fit_roofline import FAMILY_OF_DEVICE, MAX_ROWS
-    from calibrate.roofline_errors import stack_errors
+    from calibrate.published.fit_roofline import FAMILY_OF_DEVICE, MAX_ROWS
+    from calibrate.published.roofline_errors import stack_errors
     from sim.latency.roofline_fits import FAMILIES
 
     groups = {f: tuple(r for r in rows if r.num_tokens <= MAX_ROWS)
@@ -93,8 +93,8 @@ def test_h100_linear_stacks_hold_the_issue_bounds_but_where_listed() -> None:
 
 
 def _attention() -> tuple[list, list, list]:
-    from calibrate.measured_kernels import load_decode_attention, load_prefill_attention
-    from calibrate.roofline_errors import is_warmup
+    from calibrate.published.kernels import load_decode_attention, load_prefill_attention
+    from calibrate.published.roofline_errors import is_warmup
 
     decode = [p for p in load_decode_attention() if p.source == "inference_sim"]
     warm = [p for p in decode if is_warmup(p, decode)]
@@ -103,7 +103,7 @@ def _attention() -> tuple[list, list, list]:
 
 
 def test_h100_attention_holds_the_issue_bounds() -> None:
-    from calibrate.roofline_errors import attention_errors
+    from calibrate.published.roofline_errors import attention_errors
     from sim.latency.roofline_fits import FAMILIES
 
     decode, _, prefill = _attention()

@@ -118,7 +118,7 @@ def test_the_engine_behind_the_server_streams_real_samples() -> None:
     pytest.importorskip("torch")
     from test_engine_loop import scenario as engine_scenario
 
-    from gpu_engine.serve_backend import build_engine_stepper
+    from sim.cli.serve_engine import build_engine_stepper
     from sim.serve.app import ServedModel
     from sim.serve.loop import ServeLoop
     from sim.serve.server import Served

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.results.sketch import DEFAULT_RELATIVE_ERROR, QuantileSketch
+from sim.results.stats.sketch import DEFAULT_RELATIVE_ERROR, QuantileSketch
 
 QS = (0.0, 0.01, 0.1, 0.25, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0)
 # samples a latency can be: zero, or 1 ns to a day

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sim.results.student_t import incomplete_beta, t_cdf, t_ppf
+from sim.results.stats.student_t import incomplete_beta, t_cdf, t_ppf
 
 stats = pytest.importorskip("scipy.stats")
 special = pytest.importorskip("scipy.special")

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from sim.results.intervals import Interval, pooled, spread_interval, t_quantile
-from sim.results.steady_state import (
+from sim.results.stats.intervals import Interval, pooled, spread_interval, t_quantile
+from sim.results.stats.steady_state import (
     batch_means,
     mann_kendall,
     measurement_window,
@@ -119,7 +119,7 @@ def test_a_share_interval_stays_in_0_1() -> None:
 
 
 def test_in_system_counts_arrived_not_yet_left() -> None:
-    from sim.results.steady_state import in_system_at_arrival
+    from sim.results.stats.steady_state import in_system_at_arrival
 
     arrival = np.array([0.0, 1.0, 2.0, 3.0])
     leave = np.array([2.5, 1.5, 2.0, 10.0])  # request 2 rejected: leaves as it arrives

@@ -14,9 +14,9 @@ import pytest
 from sim.config.loader import load_scenario
 from sim.core.request import Request, RequestState
 from sim.experiments.run import run_scenario
-from sim.results.metrics import RunRecorder
-from sim.results.requests import RequestCSV
-from sim.results.sketch import DEFAULT_RELATIVE_ERROR
+from sim.results.record.recorder import RunRecorder
+from sim.results.record.requests import RequestCSV
+from sim.results.stats.sketch import DEFAULT_RELATIVE_ERROR
 
 CASES = {
     "plain": [],

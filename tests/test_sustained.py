@@ -9,8 +9,8 @@ import pytest
 
 from sim.config.loader import load_scenario
 from sim.experiments.run import run_scenario
-from sim.results.report import format_summary, jsonable
-from sim.results.steady import ci_keys
+from sim.results.files.report import format_summary, jsonable
+from sim.results.files.steady import ci_keys
 
 
 def _summary(rate: float, n: int = 600, *sets: str) -> dict:
@@ -67,7 +67,7 @@ def test_same_scenario_and_seed_same_statistics(light: dict) -> None:
 def test_replications_pool_their_estimates_deterministically() -> None:
     from sim.experiments.replicate import replicate, replication_seeds
     from sim.experiments.sweep import Backend
-    from sim.results.intervals import spread_interval
+    from sim.results.stats.intervals import spread_interval
 
     seeds = replication_seeds(0, 3)
     assert seeds[0] == 0 and len(set(seeds)) == 3 and seeds == replication_seeds(0, 3)

@@ -20,7 +20,7 @@ from sim.observe.slots import SlotRecorder
 from sim.observe.trace import MARK_KINDS, RUN_KINDS, choose_requests, read_timeline
 from sim.plots.slots import slot_use
 from sim.plots.timeline import plot_request_timeline
-from sim.results.metrics import RunRecorder
+from sim.results.record.recorder import RunRecorder
 from sim.world.fleet import simulate
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.yaml"

@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Ctrl-C: exit code 130 and one line; loky's worker processes are stopped so no
     semaphore is leaked, and a result directory in the making is removed
-    (sim.results.output_dir). A reader that stops early (`servesim explain ... | head`):
+    (sim.results.files.output_dir). A reader that stops early (`servesim explain ... | head`):
     the rest of the output is dropped and the exit code is 141, as for SIGPIPE.
     """
     try:

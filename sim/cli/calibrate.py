@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def register_profile(commands: argparse._SubParsersAction) -> None:
-    """`calibrate profile --model SPEC --device cpu|cuda --out DIR` (calibrate/profile.py)."""
+    """`calibrate profile --model SPEC --device cpu|cuda --out DIR` (calibrate/profile/run.py)."""
     from sim.cli.calibrate_commands import add_profile
 
     add_profile(commands)
@@ -57,7 +57,7 @@ def _register_fit(commands: argparse._SubParsersAction) -> None:
 def _fit(args: argparse.Namespace) -> int:
     from calibrate.fit import fit_table, format_report
     from sim.latency.table_format import FIT_FILE, TableError
-    from sim.results.output_dir import OutputDirError, check_output_dir
+    from sim.results.files.output_dir import OutputDirError, check_output_dir
 
     try:
         check_output_dir(Path(args.dir), "DIR")  # fit.json goes there: refuse before fitting
@@ -104,10 +104,10 @@ def _register_import(commands: argparse._SubParsersAction) -> None:
 
 def _import(args: argparse.Namespace) -> int:
     from calibrate.fit import format_report
-    from calibrate.import_profile import describe, import_profile
+    from calibrate.published.import_profile import describe, import_profile
     from sim.config.catalogue import get_hardware, get_model
     from sim.latency.table_format import TableError
-    from sim.results.output_dir import OutputDirError, check_output_dir
+    from sim.results.files.output_dir import OutputDirError, check_output_dir
 
     for option, value in (("--tp", args.tp), ("--block-size", args.block_size),
                           ("--max-num-batched-tokens", args.max_num_batched_tokens),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from calibrate.profile import ProfileSettings
+    from calibrate.profile.run import ProfileSettings
 
 
 def _positive_int(text: str) -> int:
@@ -39,7 +39,7 @@ def _seconds(text: str) -> float:
 
 def _dirs_ok(dirs: list[tuple[str | None, str]]) -> bool:
     """Check each (directory, option) before any measuring; print the first problem."""
-    from sim.results.output_dir import OutputDirError, check_output_dir
+    from sim.results.files.output_dir import OutputDirError, check_output_dir
 
     try:
         for path, option in dirs:
@@ -107,7 +107,7 @@ def add_profile(commands: argparse._SubParsersAction) -> None:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from calibrate.profile import ProfileSettings, profile_engine
+    from calibrate.profile.run import ProfileSettings, profile_engine
     from gpu_engine.setup import EngineSetupError
     from sim.config.catalogue import get_model
 

@@ -92,7 +92,7 @@ def replay_dir(name: str, overrides: list[str], device: str | None, virtual_cloc
                ) -> Path:
     """The default results directory: one per clock, device and set of overrides, so a
     virtual-clock replay never replaces a wall-clock one (or a CUDA one a CPU one)."""
-    from sim.results.output_dir import variant_dir
+    from sim.results.files.output_dir import variant_dir
 
     knobs = [*overrides, *([f"engine.device={device}"] if device else [])]
     return variant_dir(name, knobs, "_engine_virtual" if virtual_clock else "_engine")
@@ -102,7 +102,7 @@ def _replay(args: argparse.Namespace) -> int:
     from sim.cli.run import out_dir_of
     from sim.config.loader import load_scenario
     from sim.config.yaml_input import ScenarioError
-    from sim.results.output_dir import OutputDirError, Staging
+    from sim.results.files.output_dir import OutputDirError, Staging
 
     try:
         scenario, base_dir = load_scenario(args.scenario, args.overrides)
@@ -135,7 +135,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _print_replay(run: Any, out_dir: Path) -> None:
-    from sim.results.report import format_summary
+    from sim.results.files.report import format_summary
 
     result, steps = run.result, run.steps
     scenario = result.scenario

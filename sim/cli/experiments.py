@@ -48,7 +48,7 @@ def _sweep(args: argparse.Namespace) -> int:
         sweep,
         write_table,
     )
-    from sim.results.output_dir import OutputDirError, Staging
+    from sim.results.files.output_dir import OutputDirError, Staging
 
     default = Path("results") / f"sweep_{Path(args.scenario).stem}"
     out_dir, field = out_dir_of(args.out, None, default)
@@ -89,7 +89,7 @@ def _compare(args: argparse.Namespace) -> int:
     from sim.experiments.cache import CACHE_DIR, PointCache
     from sim.experiments.compare import format_compare, load_spec, run_compare, write_compare
     from sim.experiments.sweep import Backend, SweepError
-    from sim.results.output_dir import OutputDirError, Staging
+    from sim.results.files.output_dir import OutputDirError, Staging
 
     try:
         base = load_spec(args.spec)

@@ -31,7 +31,7 @@ def _positive(name: str, value: int) -> int:
 
 def check_png_path(path: Path) -> None:
     """A picture's path must be a file name in a directory that can be written or made."""
-    from sim.results.output_dir import OutputDirError, check_output_dir
+    from sim.results.files.output_dir import OutputDirError, check_output_dir
 
     if path.is_dir():
         raise UsageError(f"--out {str(path)!r}: is a directory; give a PNG file name")

@@ -39,7 +39,7 @@ def _question(args: argparse.Namespace):  # noqa: ANN202 - a PlanQuestion, impor
     from sim.config.catalogue import get_hardware
     from sim.config.loader import read_scenario_raw
     from sim.experiments.plan_run import PlanQuestion
-    from sim.results.slo import SLO
+    from sim.results.stats.slo import SLO
 
     if not args.rate > 0:
         raise ValueError(f"--rate: must be > 0 req/s, got {args.rate}")
@@ -79,7 +79,7 @@ def _plan(args: argparse.Namespace) -> int:
     from sim.experiments.plan_output import format_plan, write_plan
     from sim.experiments.plan_run import run_plan
     from sim.experiments.sweep import Backend, SweepError
-    from sim.results.output_dir import OutputDirError, Staging
+    from sim.results.files.output_dir import OutputDirError, Staging
 
     default = Path("results") / f"plan_{Path(args.scenario).stem}"
     out_dir, field = out_dir_of(args.out, None, default)

@@ -40,8 +40,8 @@ def _run(args: argparse.Namespace) -> int:
     from sim.config.yaml_input import ScenarioError
     from sim.experiments.outputs import write_outputs
     from sim.experiments.run import run_scenario
-    from sim.results.output_dir import OutputDirError, Staging, variant_dir
-    from sim.results.report import format_summary, jsonable
+    from sim.results.files.output_dir import OutputDirError, Staging, variant_dir
+    from sim.results.files.report import format_summary, jsonable
 
     try:
         scenario, base_dir = load_scenario(args.scenario, args.overrides)

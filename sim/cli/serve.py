@@ -43,7 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
     from sim.cli.run import out_dir_of
     from sim.config.loader import load_scenario
     from sim.config.yaml_input import ScenarioError
-    from sim.results.output_dir import OutputDirError, Staging, variant_dir
+    from sim.results.files.output_dir import OutputDirError, Staging, variant_dir
     from sim.text import TokenizerError, load_tokenizer
 
     try:
@@ -100,8 +100,8 @@ def _simulated(scenario, base_dir: Path | None, tokenizer, args):  # noqa: ANN00
 
 
 def _engine(scenario, base_dir: Path | None, tokenizer, args):  # noqa: ANN001, ANN202
-    from gpu_engine.serve_backend import build_engine_stepper
     from gpu_engine.setup import EngineSetupError
+    from sim.cli.serve_engine import build_engine_stepper
     from sim.serve.app import ServedModel
     from sim.serve.loop import ServeLoop
     from sim.serve.server import Served
@@ -144,7 +144,7 @@ def _load(args: argparse.Namespace) -> int:
     from sim.cli.run import out_dir_of
     from sim.config.loader import load_scenario
     from sim.config.yaml_input import ScenarioError
-    from sim.results.output_dir import OutputDirError, Staging, variant_dir
+    from sim.results.files.output_dir import OutputDirError, Staging, variant_dir
     from sim.text import TokenizerError, load_tokenizer
 
     parsed = urlparse(args.url)
@@ -183,8 +183,8 @@ def _measure(args, scenario, base_dir, tokenizer, out: Path) -> list[Path] | Non
     from tqdm import tqdm
 
     from sim.plots.run import plot_latency_cdfs
-    from sim.results.files import write_run_files
-    from sim.results.report import format_summary
+    from sim.results.files.report import format_summary
+    from sim.results.files.write import write_run_files
     from sim.serve.load import LoadError, load_summary, run_load
     from sim.workload import make_requests
 

@@ -57,7 +57,7 @@ def _load_numpy_random() -> None:
     Ctrl-C landing there was lost and the run went on (1 run in 4-12 in
     tests/test_cli_signals.py, interrupted as soon as its staging directory exists).
     """
-    from sim.results.output_dir import signals_held
+    from sim.results.files.output_dir import signals_held
 
     with signals_held():
         import numpy.random  # noqa: F401

@@ -26,7 +26,7 @@ CACHE_DIR = ".servesim-cache"
 
 def code_identity() -> str:
     """The servesim version, schema version and commit (if any) a cached point belongs to."""
-    from sim.results.provenance import provenance
+    from sim.results.files.provenance import provenance
 
     p = provenance()
     return f"{p['servesim_version']}/{p['scenario_schema_version']}/{p['git_commit']}"

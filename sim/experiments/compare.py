@@ -35,7 +35,7 @@ from sim.experiments.sweep import (
     open_backend,
     write_table,
 )
-from sim.results.steady import window_columns
+from sim.results.files.steady import window_columns
 
 __all__ = ["CompareResult", "load_spec", "run_compare", "write_compare"]
 _COPIED = ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
@@ -95,7 +95,7 @@ def make_row(variant: str, rate: float, result: dict[str, Any], gpus: int) -> di
     row["gpus"] = gpus
     row["tokens_per_s_per_gpu"] = row["output_throughput"] / gpus
     row["num_requests"] = count
-    row.update(window_columns(result))  # sim.results.steady: the verdict, the window's CIs
+    row.update(window_columns(result))  # sim.results.files.steady: the verdict, the window's CIs
     row["request_stream"] = result["request_stream"]
     row["wall_s"] = result["wall_s"]
     return row

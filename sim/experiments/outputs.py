@@ -1,4 +1,4 @@
-"""A run's result directory: its files (sim.results.files), then its pictures (sim.plots.run).
+"""A run's result directory: its files (sim.results.files.write), then its pictures (sim.plots.run).
 
 Why here: writing is results' job and drawing plots', and only a layer above
 both may ask for both. A run that streamed requests.csv into `out_dir` is not
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.results.files import write_replicas, write_run_files, write_timeline
-from sim.results.run import RunResult
+from sim.results.files.run import RunResult
+from sim.results.files.write import write_replicas, write_run_files, write_timeline
 
 
 def write_outputs(result: RunResult, out_dir: Path, plots: bool = True) -> list[Path]:

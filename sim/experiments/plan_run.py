@@ -21,7 +21,7 @@ from sim.experiments.compare_spec import rate_overrides
 from sim.experiments.plan import DEFAULT_TP, Search, candidates, cost_of, judge
 from sim.experiments.runner import Backend, SweepError, Task, open_backend
 from sim.experiments.sweep import override
-from sim.results.steady import window_columns
+from sim.results.files.steady import window_columns
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@
 from it (numpy's SeedSequence of [seed, i]: deterministic, well spread, never
 colliding with a neighbour seed's replications), in parallel on the sweep's
 backend. Replication 0 writes the files; the summary's ci95 and sustained then
-come from all N (sim.results.steady.pool_replications).
+come from all N (sim.results.files.steady.pool_replications).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import numpy as np
 from sim.config.scenario import Scenario
 from sim.experiments.run import run_scenario
 from sim.experiments.sweep import Backend, SweepError, Task, open_backend
-from sim.results.report import jsonable
-from sim.results.run import RunResult
-from sim.results.steady import pool_replications
+from sim.results.files.report import jsonable
+from sim.results.files.run import RunResult
+from sim.results.files.steady import pool_replications
 
 MAX_REPLICATIONS = 1000
 

@@ -1,5 +1,5 @@
 """Simulate one scenario: its replicas built by sim.assemble, observed, run in the SimPy world,
-summarised once (sim.results.summary).
+summarised once (sim.results.files.summary).
 
 Every replica diagnoses its requests' TTFT (sim.observe.diagnose); a run can
 also trace a few requests' timelines. The result is a `RunResult`, the same
@@ -21,10 +21,10 @@ from sim.observe.diagnose import COLUMNS as DIAGNOSIS_COLUMNS
 from sim.observe.diagnose import TTFTDiagnoser
 from sim.observe.observer import ReplicaObserver
 from sim.observe.trace import choose_requests
-from sim.results.metrics import KEEP, RunRecorder
-from sim.results.requests import RequestCSV
-from sim.results.run import RunResult
-from sim.results.summary import run_summary, scenario_slo
+from sim.results.files.run import RunResult
+from sim.results.files.summary import run_summary, scenario_slo
+from sim.results.record.recorder import KEEP, RunRecorder
+from sim.results.record.requests import RequestCSV
 from sim.workload import make_requests
 from sim.world.fleet import simulate_fleet
 from sim.world.replica import ReplicaSetup

@@ -78,7 +78,7 @@ def run_task(task: Task) -> dict[str, Any]:
     """
     from sim.experiments.outputs import write_outputs
     from sim.experiments.run import run_scenario
-    from sim.results.report import jsonable
+    from sim.results.files.report import jsonable
 
     _thread_lock_for_tqdm()
     requests_csv = None

@@ -2,7 +2,7 @@
 
 Why: a short run at an overloaded rate can "meet" the SLOs while its queue
 grows (its first requests never meet the queue the later ones will). So a
-rate meets the SLOs only if its run is sustained (sim.results.steady) and the
+rate meets the SLOs only if its run is sustained (sim.results.files.steady) and the
 window's SLO attainment is >= the spec's `slo_threshold`; and every rate the
 search decides on is rerun with twice the requests (same seed: the same
 stream, extended) while its attainment interval is wider than

@@ -16,7 +16,7 @@ import numpy as np
 from sim.assemble import build_block_manager, build_latency, build_scheduler, kv_budget
 from sim.config.scenario import Scenario
 from sim.observe.slots import SlotRecorder
-from sim.results.metrics import RunRecorder
+from sim.results.record.recorder import RunRecorder
 from sim.workload import make_requests
 from sim.world.fleet import simulate
 

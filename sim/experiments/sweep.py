@@ -31,7 +31,7 @@ from sim.experiments.runner import (
     run_task,
     stream_digest,
 )
-from sim.results.steady import window_columns
+from sim.results.files.steady import window_columns
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -7,7 +7,7 @@ padded tiles, with a launch each), its small kernels and its attention (a
 decode kernel and a prefill kernel, each where the step has them), then
 lm_head and sampling once, a CPU overhead per step and per sequence, and the
 tensor-parallel all-reduces. Their constants are fitted per GPU family on
-published A100 and H100 kernel timings (`python -m calibrate.fit_roofline`);
+published A100 and H100 kernel timings (`python -m calibrate.published.fit_roofline`);
 a GPU without data takes its nearest family's fit (roofline_fits.GPU_FAMILIES).
 Prefill turns out compute-bound and decode memory-bound because of the shapes,
 not because of any special case: a step reads the weights once however many

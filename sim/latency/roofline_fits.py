@@ -1,7 +1,7 @@
 """The roofline's fitted constants: RooflineParams, one fit per GPU family, and each GPU's family.
 
 Apart from sim.latency.roofline_terms because these are data, not laws: numbers
-`python -m calibrate.fit_roofline` prints and a person pastes here, and the rule that
+`python -m calibrate.published.fit_roofline` prints and a person pastes here, and the rule that
 gives a GPU without measured kernels its nearest family's fit (and its own SM count).
 """
 
@@ -55,7 +55,7 @@ class RooflineParams:
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
 
 
-# Produced by `python -m calibrate.fit_roofline` (prints the train / held-out split) on
+# Produced by `python -m calibrate.published.fit_roofline` (prints the train / held-out split) on
 # calibration/measured/ as its README pins it (Vidur 7d47513, LLMServingSim 5f18d86,
 # inference-sim a410740). Attention and CPU terms: see each family's fitted_on.
 FAMILIES: MappingProxyType[str, RooflineParams] = MappingProxyType({

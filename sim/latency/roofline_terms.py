@@ -27,7 +27,7 @@ processing), part of it per sequence. Each term here prices one of those:
 Prefill stays compute-bound and decode memory-bound because of the shapes:
 a step reads each weight once however many rows it multiplies.
 
-The constants (sim.latency.roofline_fits) come from `python -m calibrate.fit_roofline`,
+The constants (sim.latency.roofline_fits) come from `python -m calibrate.published.fit_roofline`,
 which fits them per family on published kernel timings (calibration/measured/, Vidur,
 LLMServingSim, inference-sim) and prints the held-out models' errors.
 Every function is pure and works on floats and numpy arrays alike.

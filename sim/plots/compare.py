@@ -220,7 +220,7 @@ def _plain_number(value: float, _position: object = None) -> str:
 def sweep_figure(table: pd.DataFrame, grid_keys: list[str]) -> Figure:
     """Peak concurrency, TTFT, TPOT and throughput against the sweep's first numeric key.
 
-    Shaded: the measurement window's 95% interval of the p99s (sim.results.steady).
+    Shaded: the measurement window's 95% interval of the p99s (sim.results.files.steady).
     One colour per value of the other grid keys (e.g. per arrival rate when the
     x axis is the prompt length), the same in every panel; p50 solid, p99
     dashed; log-2 x when the values span a factor of 8.

@@ -3,7 +3,7 @@
 Figures are built with `matplotlib.figure.Figure` (Agg canvas, no pyplot),
 so nothing touches global backend state or leaks open figures. The time
 series arrives already reduced to at most a few thousand time buckets (see
-`sim.results.time_buckets.TimeBuckets`), and CDFs are thinned to `max_points`, so a
+`sim.results.record.time_buckets.TimeBuckets`), and CDFs are thinned to `max_points`, so a
 million-step run plots as fast as a short one.
 """
 

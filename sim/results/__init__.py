@@ -1,6 +1,6 @@
-"""What a run measured and where it goes: the recorder (vLLM's metrics and formulas), the
-bounded statistics behind it, SLOs, the run summary built in one place, the result
-files, their provenance and the result directory they are swapped into.
+"""What a run measured and where it goes, in three rooms that import downwards only:
+files (RunResult, the summary, result files and directories) -> record (the recorder and its
+bounded aggregates) -> stats (sketches, windows, intervals, SLOs).
 
 Nothing here draws (sim.plots) or runs a simulation (sim.experiments).
 """

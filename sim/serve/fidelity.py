@@ -24,10 +24,10 @@ from sim.config.scenario import Scenario
 from sim.core.request import Request
 from sim.latency.draft import with_draft
 from sim.plots.serve import plot_measured_vs_simulated
-from sim.results.fidelity import METRICS, relative_error_pct
-from sim.results.metrics import RunRecorder
-from sim.results.report import jsonable
-from sim.results.summary import run_summary
+from sim.results.files.fidelity import METRICS, relative_error_pct
+from sim.results.files.report import jsonable
+from sim.results.files.summary import run_summary
+from sim.results.record.recorder import RunRecorder
 from sim.serve.load import Measured
 from sim.world.fleet import simulate
 

@@ -27,8 +27,8 @@ import aiohttp
 import numpy as np
 
 from sim.core.request import Request, RequestState
-from sim.results.metrics import RunRecorder
-from sim.results.stats import describe_ms
+from sim.results.record.recorder import RunRecorder
+from sim.results.stats.percentiles import describe_ms
 from sim.serve.simulated import PASSAGE
 from sim.text.base import Tokenizer
 

@@ -13,8 +13,8 @@ makes the very same plans (tests/test_serve.py replays the served log):
 
 A backend's `Stepper` runs one step: the simulated one holds it for the
 latency model's prediction (sim.serve.simulated), the engine's runs the
-kernels (gpu_engine.serve_backend). The loop records every step and request as
-`servesim run` does (sim.results.recording), for requests.csv and summary.json.
+kernels (sim.cli.serve_engine). The loop records every step and request as
+`servesim run` does (sim.results.record.recording), for requests.csv and summary.json.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from sim.core.kv import KVManager
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
-from sim.results.metrics import RunRecorder
-from sim.results.recording import record_step
+from sim.results.record.recorder import RunRecorder
+from sim.results.record.recording import record_step
 from sim.serve.api import Generation
 from sim.serve.metrics import ServeMetrics
 from sim.text.base import DecoderStream, Tokenizer

@@ -22,8 +22,8 @@ from aiohttp import web
 from sim.assemble import ReplicaParts
 from sim.config.scenario import Scenario
 from sim.core.kv import KVBudget
-from sim.results.run import RunResult
-from sim.results.summary import run_summary
+from sim.results.files.run import RunResult
+from sim.results.files.summary import run_summary
 from sim.serve.app import ServedModel, build_app
 from sim.serve.loop import ServeLoop, StepDone
 from sim.serve.simulated import build_simulated

@@ -33,8 +33,8 @@ from sim.core.decode_run import DecodeRun, RunSegment, constant, split_part
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
 from sim.observe.trace import StepObserver
-from sim.results.metrics import RunRecorder
-from sim.results.recording import record_decode_run
+from sim.results.record.recorder import RunRecorder
+from sim.results.record.recording import record_decode_run
 from sim.world.fleet_log import FleetLog, LogSource, emit_run, emit_step
 
 

@@ -22,7 +22,7 @@ from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
 from sim.observe.trace import StepObserver
-from sim.results.metrics import RunRecorder
+from sim.results.record.recorder import RunRecorder
 from sim.world.fast_forward import NextArrival
 from sim.world.fleet_log import FleetLog
 from sim.world.replica import Replica, ReplicaSetup

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from sim.core.decode_run import DecodeRun, decode_shape
 from sim.core.plan import StepShape
-from sim.results.metrics import RunRecorder
+from sim.results.record.recorder import RunRecorder
 
 
 @dataclass(slots=True, eq=False)

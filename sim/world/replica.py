@@ -38,8 +38,8 @@ from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
 from sim.observe.trace import StepObserver
-from sim.results.metrics import RunRecorder
-from sim.results.recording import record_step
+from sim.results.record.recorder import RunRecorder
+from sim.results.record.recording import record_step
 from sim.world.fast_forward import NextArrival, ReplicaFastForward, RunInProgress
 from sim.world.fleet_log import (
     FleetLog,
