@@ -56,7 +56,8 @@ def speed(plan: Plan, device: torch.device, dtype: torch.dtype, results: dict[st
     longest = max(plan.prefill_sizes + tuple(c + 1 for _, c in plan.decode_points))
     biggest = max(b * (c + 1) for b, c in plan.decode_points)
     bench = device_speed.Bench(spec, device, dtype, max(biggest, longest),
-                            max(b for b, _ in plan.decode_points), longest + device_speed.BLOCK)
+                               max(b for b, _ in plan.decode_points),
+                               longest + device_speed.BLOCK)
     out: dict[str, Any] = {"model": spec.name, "kv_pool_GiB": bench.kv.bytes_total() / GIB,
                            "graphs": bench.runner.num_graphs, "rows": []}
     results["speed"] = out
