@@ -162,6 +162,15 @@ def stage_costs(ctx: Context) -> str:
                       for rate, name in (("2", "2rps"), ("200", "saturating")))
 
 
+def real_runs(ctx: Context) -> str:
+    """servesim against the real vLLM runs (errors only; skipped, saying why, without them)."""
+    from calibrate.real_runs import DEFAULT_DIR, MISSING, RUNS_FILE
+
+    if not (DEFAULT_DIR / RUNS_FILE).is_file():
+        return f"Not regenerated here: {MISSING}.\n"
+    return python_block("benchmarks/real_runs.py", "--floors")
+
+
 def bench_engine(ctx: Context) -> str:
     cmd = ["benchmarks/bench_engine.py", "--device", "cpu", "--repeats", "10", "--out",
            "benchmarks/results"]
@@ -226,13 +235,13 @@ STEPS = (
     Step("batching", "static vs dynamic vs continuous batching over load", "20 s",
          tuple(BATCHING_PNG.values()), compare("scenarios/batching_policies.yaml",
                                                BATCHING_PNG)),
-    Step("paged", "paged vs contiguous KV", "10 s", tuple(PAGED_PNG.values()),
+    Step("paged", "paged vs contiguous KV", "1.5 min", tuple(PAGED_PNG.values()),
          compare("scenarios/paged_vs_contiguous.yaml", PAGED_PNG)),
-    Step("prefix_caching", "Mooncake trace, prefix caching off vs on", "45 s", (),
+    Step("prefix_caching", "Mooncake trace, prefix caching off vs on", "2 min", (),
          compare("scenarios/prefix_caching.yaml", {})),
-    Step("routing", "4 replicas behind three routers", "30 s",
+    Step("routing", "4 replicas behind three routers", "1.5 min",
          ("docs/routing_load_balance.png",), routing),
-    Step("speculative", "speculative decoding off vs draft model vs n-gram", "50 s", (),
+    Step("speculative", "speculative decoding off vs draft model vs n-gram", "4 min", (),
          compare("scenarios/speculative.yaml", {})),
     Step("long_context", "4k to 128k context, trickle and burst", "25 s",
          ("docs/long_context_sweep.png",), long_context),
@@ -251,6 +260,9 @@ STEPS = (
          "and 200 req/s)", "1 min", ("benchmarks/results/stage_costs_2rps.json",
                                      "benchmarks/results/stage_costs_saturating.json"),
          stage_costs),
+    Step("real_runs", "servesim against 12 real vLLM runs on H100: signed errors", "1.5 min",
+         ("benchmarks/results/real_runs/errors.csv", "benchmarks/results/real_runs/errors.md"),
+         real_runs),
     Step("bench_engine", "engine kernels on this CPU against their floors", "2.5 min",
          ("benchmarks/results/bench_engine.json",), bench_engine),
     Step("serve", "servesim load and vllm bench serve against servesim serve", "3 min",

@@ -35,7 +35,7 @@ from gpu_engine.replay import replay_scenario
 from sim.assemble import build_latency
 from sim.config.loader import load_scenario
 from sim.config.scenario import Scenario
-from sim.config.sections import LatencyConfig
+from sim.config.sections import FrontendConfig, LatencyConfig
 from sim.config.speculative import BetaAlphaConfig, FixedAlphaConfig
 from sim.experiments.run import run_scenario
 from sim.latency import LatencyModel
@@ -164,7 +164,8 @@ def compare(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
             replay: EngineReplay) -> Fidelity:
     """The simulator side: the same requests with the table and with the roofline model,
     each metric and each engine step compared with the engine's."""
-    scenario = on_device(scenario, replay.info.get("device", scenario.engine.device))
+    scenario = as_the_engine_runs(on_device(scenario, replay.info.get("device",
+                                                                    scenario.engine.device)))
     table_dir = Path(table_dir).resolve()
     loaded = load_table(table_dir, scenario.model_spec, scenario.kv.block_size,
                         scenario.hardware.count)
@@ -174,7 +175,7 @@ def compare(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
     if speculation:  # compare timing, not the acceptance guess: the engine's acceptance
         acceptance = acceptance_config(speculation)
         speculation["simulated_alpha_std"] = getattr(acceptance, "std", 0.0)
-        simulated = scenario.model_copy(update={"speculative": scenario.speculative.model_copy(
+        simulated = simulated.model_copy(update={"speculative": scenario.speculative.model_copy(
             update={"acceptance": acceptance})})
     with_table = simulated.model_copy(update={"latency": LatencyConfig(
         model="table", path=str(table_dir))})
@@ -194,6 +195,15 @@ def compare(scenario: Scenario, base_dir: Path | None, table_dir: str | Path,
             **({"speculation": speculation} if speculation else {})}
     return Fidelity(scenario, table_dir, loaded.metadata, metrics, engine_run, table_run,
                     roofline_run, frame, info)
+
+
+def as_the_engine_runs(scenario: Scenario) -> Scenario:
+    """`scenario` as the real engine serves it: synchronous scheduling (sim.core.drive) and no
+    frontend (a replay has no client), so engine-side figures meet engine-side figures."""
+    return scenario.model_copy(update={
+        "frontend": FrontendConfig(api_server_ms=0.0, tokenize_us_per_token=0.0,
+                                   detokenize_us_per_token=0.0, stream_us_per_token=0.0),
+        "scheduler": scenario.scheduler.model_copy(update={"async_scheduling": False})})
 
 
 def world_check(scenario: Scenario, base_dir: Path | None, replay: EngineReplay) -> str:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The live parity check: record vLLM's own Scheduler now, require the committed trace of its
-# version to be exactly what it records, and replay servesim against the live recording on
-# every scheduling path (per-request, array, and the default that switches between them).
+# The live parity check: record vLLM's own Scheduler now, synchronous and with async
+# scheduling (its AsyncScheduler, driven one step ahead as its engine core drives it),
+# require the committed traces of its version to be exactly what it records, and replay
+# servesim against the live recordings (the async one with servesim's async scheduling).
 #
 #   parity/check_live.sh VENV_DIR [TORCH_PYTHON]
 #
@@ -18,20 +19,26 @@ venv="$1"
 python="${2:-.venv/bin/python}"
 [ -x "$venv/bin/python" ] || parity/setup_vllm.sh "$venv" "$python"
 version="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))')"
-committed="parity/traces/vllm-$version.jsonl.gz"
-if ! [ -f "$committed" ]; then
-  echo "no committed trace for vLLM $version ($committed): record it with" \
-       "$venv/bin/python -m parity.record_vllm" >&2
-  exit 1
-fi
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-"$venv/bin/python" -m parity.record_vllm --no-progress --out "$out/live.jsonl.gz"
-if ! cmp -s <(zcat "$out/live.jsonl.gz") <(zcat "$committed"); then
-  echo "live vLLM $version differs from $committed: re-record it" >&2
-  diff <(zcat "$out/live.jsonl.gz" | cut -c1-200) <(zcat "$committed" | cut -c1-200) \
-    | head -20 >&2
-  exit 1
-fi
-echo "live vLLM $version matches $committed"
-"$python" -m parity.compare --trace "$out/live.jsonl.gz"
+status=0
+for mode in sync async; do
+  suffix=""; flag=""
+  if [ "$mode" = async ]; then suffix="-async"; flag="--async"; fi
+  committed="parity/traces/vllm-$version$suffix.jsonl.gz"
+  if ! [ -f "$committed" ]; then
+    echo "no committed trace for vLLM $version ($committed): record it with" \
+         "$venv/bin/python -m parity.record_vllm $flag" >&2
+    exit 1
+  fi
+  live="$out/live$suffix.jsonl.gz"
+  "$venv/bin/python" -m parity.record_vllm --no-progress $flag --out "$live"
+  if ! cmp -s <(zcat "$live") <(zcat "$committed"); then
+    echo "live vLLM $version ($mode) differs from $committed: re-record it" >&2
+    diff <(zcat "$live" | cut -c1-200) <(zcat "$committed" | cut -c1-200) | head -20 >&2
+    exit 1
+  fi
+  echo "live vLLM $version ($mode) matches $committed"
+  "$python" -m parity.compare --trace "$live" || status=1
+done
+exit $status

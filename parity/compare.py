@@ -3,6 +3,10 @@
     python -m parity.compare [--trace FILE] [--only NAME ...]
                              [--show N]
 
+A trace recorded with async scheduling (its metadata says so, e.g.
+traces/vllm-0.32.0-async.jsonl.gz) is replayed with servesim's scheduler in
+async mode through the async loop, on the configurations it holds.
+
 Exit status 0 when every configuration matches, 1 when some differ, 2 on bad
 input.
 """
@@ -15,12 +19,13 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from parity.configs import GENERATOR_VERSION, ParityConfig, generate_configs
-from parity.steps import RunResult, StepRecord, run_config
+from parity.configs import GENERATOR_VERSION, ParityConfig, generate_configs, runs_async
+from parity.steps import RunResult, StepRecord, run_config, run_config_async
 from parity.trace import read_trace
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_TRACE = HERE / "traces" / "vllm-0.32.0.jsonl.gz"
+ASYNC_TRACE = HERE / "traces" / "vllm-0.32.0-async.jsonl.gz"
 _FIELDS = [f.name for f in fields(StepRecord) if f.name != "step"]
 
 
@@ -78,8 +83,10 @@ def load_recorded(path: Path) -> tuple[dict, dict[str, RunResult]]:
 
 
 def compare_all(configs: list[ParityConfig], recorded: dict[str, RunResult], side_factory,
-                ) -> tuple[list[Mismatch | None], int, float]:
-    """(first mismatch per configuration or None, steps compared, seconds in servesim)."""
+                async_scheduling: bool = False) -> tuple[list[Mismatch | None], int, float]:
+    """(first mismatch per configuration or None, steps compared, seconds in servesim);
+    `async_scheduling`: run the async loop (side_factory builds async sides)."""
+    run = run_config_async if async_scheduling else run_config
     results, steps, t0 = [], 0, time.perf_counter()
     for config in configs:
         rec = recorded.get(config.name)
@@ -87,7 +94,7 @@ def compare_all(configs: list[ParityConfig], recorded: dict[str, RunResult], sid
             results.append(Mismatch(config.name, 0, ("digest",), None, None,
                                     "not recorded for this configuration: re-record"))
             continue
-        mine = run_config(config, side_factory(config))
+        mine = run(config, side_factory(config))
         mismatch = first_difference(rec, mine)
         steps += len(rec.steps) if mismatch is None else mismatch.index
         results.append(mismatch)
@@ -116,11 +123,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         configs = [c for c in configs if c.name in set(args.only)]
 
-    results, steps, secs = compare_all(configs, recorded, ServesimSide)
+    async_scheduling = bool(meta.get("async_scheduling"))
+    if async_scheduling:
+        configs = [c for c in configs if runs_async(c)]
+    results, steps, secs = compare_all(
+        configs, recorded, lambda c: ServesimSide(c, async_scheduling), async_scheduling)
     bad = [m for m in results if m is not None]
     for m in bad[:args.show]:
         print(m.describe())
-    print(f"vLLM {meta.get('vllm_version')} vs servesim: "
+    mode = " (async scheduling)" if async_scheduling else ""
+    print(f"vLLM {meta.get('vllm_version')}{mode} vs servesim: "
           f"{len(configs) - len(bad)}/{len(configs)} "
           f"configurations identical; {steps} steps compared before any difference; "
           f"{1e3 * secs / max(1, len(configs)):.1f} ms per configuration")

@@ -40,6 +40,9 @@ FAMILIES: dict[str, int] = {
     "spec_ngram": 30, "spec_draft_model": 25,
 }
 SPEC_METHODS = {"spec_ngram": "ngram", "spec_draft_model": "draft_model"}
+# the speculative methods vLLM 0.32's VllmConfig accepts with async scheduling (it refuses
+# "ngram", the CPU prompt lookup): the other configurations run synchronously only
+ASYNC_SPEC_METHODS = ("draft_model",)
 
 _SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _BUDGETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -79,6 +82,11 @@ class ParityConfig:
         """Content hash: a recorded trace is valid only for the configuration that made it."""
         text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def runs_async(config: ParityConfig) -> bool:
+    """Whether vLLM runs `config` with async scheduling too (its speculative method allows)."""
+    return not config.speculative_tokens or config.speculative_method in ASYNC_SPEC_METHODS
 
 
 def output_token_id(request_id: int, index: int) -> int:

@@ -1,6 +1,13 @@
-"""servesim's ContinuousScheduler + PagedBlockManager (sim.core only) behind parity.steps.Side."""
+"""servesim's ContinuousScheduler + PagedBlockManager (sim.core only) behind parity.steps.Side.
+
+With `async_scheduling` the scheduler runs as vLLM's AsyncScheduler and the side
+keeps the plans scheduled and not yet applied, oldest first (parity.steps'
+run_config_async asks for the next step while one runs).
+"""
 
 from __future__ import annotations
+
+from collections import deque
 
 from parity.configs import ParityConfig, RequestSpec, accepted_drafts
 from parity.steps import Scheduled
@@ -11,7 +18,7 @@ from sim.core.schedulers import ContinuousScheduler
 
 
 class ServesimSide:
-    def __init__(self, config: ParityConfig) -> None:
+    def __init__(self, config: ParityConfig, async_scheduling: bool = False) -> None:
         self.kv = PagedBlockManager(config.num_blocks, config.block_size,
                                     watermark=config.watermark,
                                     enable_prefix_cache=config.prefix_caching)
@@ -19,9 +26,10 @@ class ServesimSide:
             self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill,
             max_model_len=config.max_model_len,
             speculative_tokens=config.speculative_tokens,
-            speculative_method=config.speculative_method)
+            speculative_method=config.speculative_method, async_scheduling=async_scheduling)
         self.requests: dict[int, Request] = {}
         self._plan: StepPlan | None = None
+        self._plans: deque[StepPlan | None] = deque()  # async: scheduled, not applied
         self._now = 0.0  # servesim's continuous policy reads no time; steps count it
 
     def add(self, spec: RequestSpec) -> None:
@@ -36,6 +44,7 @@ class ServesimSide:
         waiting = {r.request_id for r in self.sched.waiting}
         before = {rid: r.num_preemptions for rid, r in self.requests.items()}
         plan = self._plan = self.sched.schedule(self._now)
+        self._plans.append(plan)
         # a plan is None when no one runs, which can follow a preemption: count them directly
         preempted = tuple(rid for rid, r in self.requests.items()
                           if r.num_preemptions > before[rid])
@@ -61,13 +70,15 @@ class ServesimSide:
                                      strict=True) if emits))
 
     def step_done(self) -> list[int]:
-        plan, self._plan = self._plan, None
+        plan = self._plans.popleft()
+        self._plan = None
         self._now += 1.0
         if plan is None:
             return []
         finished = self.sched.on_step_done(plan, self._result(plan), self._now)
-        for req in finished:
-            del self.requests[req.request_id]
+        if not self.sched.async_scheduling:  # (async: a later plan may still name it)
+            for req in finished:
+                del self.requests[req.request_id]
         return [req.request_id for req in finished]
 
     def has_unfinished(self) -> bool:

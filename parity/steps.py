@@ -8,10 +8,20 @@ schedules nothing and preempts no one leaves the state as it was, so the
 loop jumps to the next arrival; with none left that is a
 livelock and the run stops with an error. Both sides therefore number their
 steps identically as long as their decisions agree.
+
+`run_config_async` drives a side as vLLM's engine core drives an async scheduler
+(`EngineCore.step_with_batch_queue`, a batch queue of two): schedule(0),
+schedule(1), apply(0), schedule(2), apply(1), ... so step n + 1 is scheduled
+while step n runs. A step is recorded when it is applied (its finished ids are
+known then), numbered by its schedule() call; arrivals are added before each
+schedule(). A schedule() that neither schedules nor preempts while no step runs
+leaves the state as it was: the queued empty steps are applied and the loop jumps
+to the next arrival, as the synchronous loop does.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -70,7 +80,8 @@ class Side(Protocol):
     def schedule(self) -> Scheduled: ...
 
     def step_done(self) -> list[int]:
-        """Apply the last schedule(): tokens for each request that caught up; finished ids."""
+        """Apply the oldest schedule() not yet applied (synchronously: the last one): tokens
+        for each request that caught up; finished ids."""
         ...
 
     def has_unfinished(self) -> bool: ...
@@ -112,6 +123,58 @@ def run_config(config: ParityConfig, side: Side, max_steps: int = MAX_STEPS) -> 
                 step = pending[i].arrival_step
                 continue
             step += 1
+            if len(records) >= max_steps:
+                error = f"no end after {max_steps} steps"
+                break
+    except Exception as exc:  # a side that breaks is a recorded result, not a crash
+        error = f"{type(exc).__name__}: {exc}"
+    return RunResult(config.name, config.digest, tuple(records), error)
+
+
+BATCH_QUEUE = 2  # vLLM's engine core with async scheduling: one step runs, the next is queued
+
+
+def run_config_async(config: ParityConfig, side: Side, max_steps: int = MAX_STEPS) -> RunResult:
+    """Drive `side` through `config`'s arrivals as vLLM's async engine core: one step ahead."""
+    pending = sorted(config.requests, key=lambda r: (r.arrival_step, r.request_id))
+    records: list[StepRecord] = []
+    queue: deque[tuple[int, Scheduled]] = deque()  # scheduled, not applied: oldest first
+    step, i = 0, 0
+    error = None
+
+    def apply_oldest() -> None:
+        at, out = queue.popleft()
+        finished = side.step_done()
+        records.append(StepRecord(at, out.scheduled, tuple(sorted(out.preempted)),
+                                  tuple(sorted(finished)), out.admitted, out.free_blocks,
+                                  out.drafts))
+
+    try:
+        while True:
+            while i < len(pending) and pending[i].arrival_step <= step:
+                side.add(pending[i])
+                i += 1
+            if side.has_unfinished():
+                out = side.schedule()
+                running = any(o.scheduled for _, o in queue)
+                queue.append((step, out))
+                if not out.scheduled and not out.preempted and not running:
+                    while queue:
+                        apply_oldest()
+                    if i == len(pending):
+                        error = f"livelock at step {step}: nothing runnable, requests left"
+                        break
+                    step = pending[i].arrival_step
+                    continue
+                step += 1
+                if len(queue) < BATCH_QUEUE:
+                    continue
+            elif not queue:
+                if i == len(pending):
+                    break
+                step = pending[i].arrival_step
+                continue
+            apply_oldest()
             if len(records) >= max_steps:
                 error = f"no end after {max_steps} steps"
                 break

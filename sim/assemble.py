@@ -19,11 +19,12 @@ from sim.config.costs import (
 from sim.config.scenario import Scenario
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import KVBudget, KVManager, PagedBlockManager
-from sim.core.schedulers import Scheduler, SchedulerSettings
+from sim.core.schedulers import Scheduler, SchedulerSettings, resolve_async_scheduling
 from sim.core.schedulers import build_scheduler as build_policy
 from sim.latency import LatencyModel
 from sim.latency.fixed import FixedLatency
 from sim.latency.roofline import RooflineLatency
+from sim.latency.roofline_fits import HOST_SERIAL_SHARE
 
 
 class ReplicaParts(NamedTuple):
@@ -109,7 +110,24 @@ def scheduler_settings(scenario: Scenario, device: str | None = None) -> Schedul
         speculative_method="ngram" if scenario.speculative.draft_spec is None else "draft_model",
         scheduler_reserve_full_isl=cfg.scheduler_reserve_full_isl,
         cuda_graphs=scenario.engine.uses_cuda_graphs(device),
+        async_scheduling=is_async(scenario),
     )
+
+
+def synchronous(scenario: Scenario) -> Scenario:
+    """`scenario` with synchronous scheduling: for the worlds that call the scheduler one step
+    at a time (the real engine's replay, `servesim serve`'s loop), so that the latency model
+    prices the host time serially, as those worlds run it."""
+    return scenario.model_copy(update={"scheduler": scenario.scheduler.model_copy(
+        update={"async_scheduling": False})})
+
+
+def is_async(scenario: Scenario) -> bool:
+    """Whether the scenario's scheduler plans ahead (vLLM's async scheduling, as resolved)."""
+    cfg = scenario.scheduler
+    return resolve_async_scheduling(
+        cfg.async_scheduling, cfg.policy, cfg.preemption, scenario.speculative.num_tokens,
+        "ngram" if scenario.speculative.draft_spec is None else "draft_model")
 
 
 def build_scheduler(scenario: Scenario, kv: KVManager, device: str | None = None) -> Scheduler:
@@ -126,7 +144,11 @@ def build_replica(scenario: Scenario, budget: KVBudget, device: str | None = Non
 
 
 def build_latency(scenario: Scenario, base_dir: Path | None = None) -> LatencyModel:
-    """The scenario's latency model; a table's path is relative to `base_dir` (the scenario's)."""
+    """The scenario's latency model; a table's path is relative to `base_dir` (the scenario's).
+
+    Under async scheduling (`is_async`) the roofline overlaps most host time with the GPU
+    (RooflineLatency.host_serial_share). A table keeps its steps as measured: the engine that
+    measured them is synchronous."""
     cfg = scenario.latency
     if cfg.model == "fixed" and cfg.step_ms is not None:
         return FixedLatency(cfg.step_ms / 1e3)
@@ -153,5 +175,8 @@ def build_latency(scenario: Scenario, base_dir: Path | None = None) -> LatencyMo
         options["compute_efficiency"] = cfg.compute_efficiency
     if cfg.bandwidth_efficiency is not None:
         options["bandwidth_efficiency"] = cfg.bandwidth_efficiency
+    if is_async(scenario):
+        options["host_serial_share"] = (HOST_SERIAL_SHARE if cfg.host_serial_share is None
+                                        else cfg.host_serial_share)
     return RooflineLatency(scenario.model_spec, scenario.hardware_spec, tp=scenario.hardware.count,
                            ep=scenario.hardware.expert_parallel, **options)

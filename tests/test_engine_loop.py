@@ -54,7 +54,9 @@ def scenario(**sections: object) -> Scenario:
     raw: dict = {
         "name": "engine-test", "seed": 3, "model": "tiny",
         "hardware": {"gpu": CPU_HW},
-        "scheduler": {"max_num_seqs": 8, "max_num_batched_tokens": 64},
+        # the engine steps synchronously (sim.core.drive): so does the simulator compared
+        "scheduler": {"max_num_seqs": 8, "max_num_batched_tokens": 64,
+                      "async_scheduling": False},
         "kv": {"num_blocks": 24, "block_size": 8},
         "engine": {"device": "cpu", "warmup": False},
         "workload": {"arrivals": {"process": "poisson", "rate": 200.0},

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +37,10 @@ from sim.world.replica import ReplicaSetup
 from sim.world.router import build_router, router_rng
 
 ROOF = RooflineLatency(get_model("llama-3-8b"), get_hardware("h100-sxm"))
+# as a scenario builds it under async scheduling: part of the host work overlaps the next
+# step, and the step's tokens leave output_lag_s after it
+ROOF_LAG = RooflineLatency(get_model("llama-3-8b"), get_hardware("h100-sxm"),
+                           host_serial_share=0.3)
 
 
 class PowerOfTwo:
@@ -82,7 +87,8 @@ def replicas(draw: st.DrawFn) -> dict:
             "prefix": draw(st.booleans()), "swap": draw(st.booleans()),
             "watermark": draw(st.sampled_from([0.0, 0.01, 0.1])),
             "graphs": draw(st.booleans()), "batch": draw(st.integers(1, 6)),
-            "pad": draw(st.booleans()), "wait": draw(st.sampled_from([None, 0.0, 0.05]))}
+            "pad": draw(st.booleans()), "wait": draw(st.sampled_from([None, 0.0, 0.05])),
+            "async": draw(st.booleans())}
 
 
 def build(c: dict):  # noqa: ANN201 - (scheduler, kv)
@@ -93,16 +99,19 @@ def build(c: dict):  # noqa: ANN201 - (scheduler, kv)
             return StaticScheduler(kv, c["batch"], wait, max_model_len=500, pad_prompts=pad), kv
         return DynamicScheduler(kv, c["batch"], 0.02 if wait is None else wait,
                                 max_model_len=500, pad_prompts=pad), kv
+    # async scheduling (vLLM's default) where it applies: not with swap preemption
+    overlap = c.get("async", False)
     if c["policy"] == "contiguous":
         kv = ContiguousAllocator(c["blocks"], c["block"], c["watermark"])
         return ContinuousScheduler(kv, c["seqs"], max(c["budget"], c["seqs"]), c["chunked"],
-                                   500, cuda_graphs=c["graphs"]), kv
+                                   500, cuda_graphs=c["graphs"], async_scheduling=overlap), kv
     kv = PagedBlockManager(c["blocks"], c["block"], c["watermark"],
                            enable_prefix_cache=c["prefix"],
                            host_swap_blocks=200 if c["swap"] else 0)
     return ContinuousScheduler(kv, c["seqs"], max(c["budget"], c["seqs"]), c["chunked"], 500,
                                preemption="swap" if c["swap"] else "recompute",
-                               cuda_graphs=c["graphs"]), kv
+                               cuda_graphs=c["graphs"],
+                               async_scheduling=overlap and not c["swap"]), kv
 
 
 def simulate(rows: list, config: dict, count: int, router: str, latency, fast: bool):  # noqa: ANN001, ANN201
@@ -163,12 +172,17 @@ def assert_same(rows: list, config: dict, count: int, router: str, latency) -> N
         assert a.observer.diagnoser.frame().equals(b.observer.diagnoser.frame())
 
 
-def test_long_decode_runs_are_taken_and_cut_by_arrivals() -> None:
-    """Not vacuous: on a quiet replica most steps go by in runs, and arrivals cut them."""
+@pytest.mark.parametrize("overlap", [False, True])
+def test_long_decode_runs_are_taken_and_cut_by_arrivals(overlap: bool) -> None:
+    """Not vacuous: on a quiet replica most steps go by in runs, and arrivals cut them, with
+    async scheduling too (a run then begins with the plan made ahead)."""
     rows = [(0.5 * i, 50, 400, 0) for i in range(20)]
-    scheduler, kv = build({"policy": "continuous", "blocks": 4000, "block": 16, "seqs": 32,
-                           "budget": 512, "chunked": True, "prefix": False, "swap": False,
-                           "watermark": 0.0, "graphs": True, "batch": 1})
+    config = {"policy": "continuous", "blocks": 4000, "block": 16, "seqs": 32, "budget": 512,
+              "chunked": True, "prefix": False, "swap": False, "watermark": 0.0,
+              "graphs": True, "batch": 1, "async": overlap}
+    assert_same(rows, config, 1, "round_robin", ROOF)
+    scheduler, kv = build(config)
+    assert scheduler.async_scheduling is overlap
     runs = []
     advance = scheduler.advance_decodes
 
@@ -214,6 +228,17 @@ def test_decode_shape_keeps_every_other_field() -> None:
         decode_context_max=shape.decode_context_max + 3)
 
 
+def by_key(log: list) -> dict:
+    """A plan log's tables by (start, sequences, how many such plans came before): with
+    async scheduling two plans of the same sequences may be made at one instant."""
+    seen: dict = {}
+    out = {}
+    for now, ids, tables in log:
+        k = seen[(now, ids)] = seen.get((now, ids), -1) + 1
+        out[(now, ids, k)] = tables
+    return out
+
+
 def logged(scheduler: ContinuousScheduler, log: list) -> None:
     """Log every plan schedule() makes: its start, sequences and block tables."""
     schedule = scheduler.schedule
@@ -227,19 +252,22 @@ def logged(scheduler: ContinuousScheduler, log: list) -> None:
     scheduler.schedule = spy  # type: ignore[method-assign]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(st.integers(1, 90), min_size=2, max_size=12), st.integers(1, 40),
-       st.sampled_from([1, 4, 16]), st.booleans(), st.booleans(), st.floats(0.05, 2.0))
+       st.sampled_from([1, 4, 16]), st.booleans(), st.booleans(), st.floats(0.05, 2.0),
+       st.booleans())
 def test_a_run_goes_on_across_finishes_freeing_as_step_by_step(outputs, prompt, block, prefix,
-                                                                graphs, gap_s) -> None:
+                                                                graphs, gap_s, overlap) -> None:
     """Many finishers inside one run (a quiet queue), then a second wave that reuses the
     blocks they freed: every later plan's block tables, every request's timestamps and
-    the recorders equal step by step's (so the free order and the finish times do)."""
+    the recorders equal step by step's (so the free order and the finish times do). With
+    async scheduling (`overlap`) a step's finishers free their blocks after the next
+    step's plan took its own, and their tokens leave output_lag_s later."""
     rows = [(0.0, prompt, o, 1 if prefix else 0) for o in outputs]
     rows += [(gap_s + 0.01 * i, prompt + 5, o, 1 if prefix else 0) for i, o in enumerate(outputs)]
     config = {"policy": "continuous", "blocks": 400, "block": block, "seqs": 64, "budget": 2048,
               "chunked": True, "prefix": prefix, "swap": False, "watermark": 0.0,
-              "graphs": graphs, "batch": 1}
+              "graphs": graphs, "batch": 1, "async": overlap}
     results, plans, segments = [], [], []
     for fast in (False, True):
         scheduler, kv = build(config)
@@ -265,9 +293,11 @@ def test_a_run_goes_on_across_finishes_freeing_as_step_by_step(outputs, prompt, 
     assert fast[0] == step[0] and fast[1] == step[1]
     assert [k for k in step[2] if not _same(step[2][k], fast[2][k])] == []
     assert fast[3].equals(step[3]) and fast[4].equals(step[4])
-    by_start = dict(((now, ids), tables) for now, ids, tables in plans[0])
-    assert all(by_start[(now, ids)] == tables for now, ids, tables in plans[1])
-    if len(set(outputs)) > 2:  # several distinct finish steps: one run spans finishes
+    by_start = by_key(plans[0])
+    assert all(by_start[key] == tables for key, tables in by_key(plans[1]).items())
+    # several distinct finish steps: one run spans finishes (async: a run stops a step
+    # before its last finisher's, so one more distinct step is needed)
+    if len(set(outputs)) > 2 + overlap:
         assert sum(s.finish is not None for s in segments) >= 2
 
 
@@ -385,3 +415,79 @@ def test_a_rejection_during_a_run_is_recorded_after_its_finishers() -> None:
     assert reqs[0].finish_s < reqs[2].arrival_s < reqs[1].finish_s  # during r1's run
     assert reqs[2].state is RequestState.REJECTED  # prompt + output > max_model_len 500
     assert_same(rows, config, 1, "round_robin", ROOF)
+
+
+@settings(max_examples=150, deadline=None)
+@given(workloads(), replicas(), st.sampled_from(["roofline", "power-of-two"]))
+def test_async_scheduling_fast_forward_equals_step_by_step(rows, config, latency_name) -> None:
+    """The property above on one replica with async scheduling on wherever it applies
+    (continuous batching, recompute preemption): runs begin with the plan made ahead and
+    end with one left outstanding."""
+    config = {**config, "async": True,
+              "policy": config["policy"] if config["policy"] == "contiguous" else "continuous"}
+    assert_same(rows, config, 1, "round_robin", ROOF_LAG if latency_name == "roofline"
+                else PowerOfTwo())
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_async_runs_take_most_steps_and_span_finishers(prefix: bool) -> None:
+    """Not vacuous: with async scheduling on a quiet replica most steps go by in runs, runs
+    span finishers (their blocks freed after the next plan took its own), the plan left
+    outstanding at a run's end leads to the plans step by step makes, and the results equal step
+    by step's."""
+    rows = [(0.2 * i, 40 + 9 * i, 30 + 13 * (i % 6), 1 + i % 2 if prefix else 0)
+            for i in range(24)]
+    config = {"policy": "continuous", "blocks": 600, "block": 4, "seqs": 32, "budget": 512,
+              "chunked": True, "prefix": prefix, "swap": False, "watermark": 0.0,
+              "graphs": False, "batch": 1, "async": True}
+    assert ROOF_LAG.output_lag_s(StepShape(num_decodes=8, decode_context_sum=800,
+                                           decode_context_max=100, padded_batch=8)) > 0
+    assert_same(rows, config, 1, "round_robin", ROOF_LAG)
+    plans = []
+    for fast in (False, True):
+        scheduler, kv = build(config)
+        log: list = []
+        logged(scheduler, log)
+        ran: list = []
+        advance = scheduler.advance_decodes
+
+        def spy(run, begin, end, step_end_s, advance=advance, ran=ran):  # noqa: ANN001, ANN202
+            ran.append(advance(run, begin, end, step_end_s))
+            return ran[-1]
+
+        scheduler.advance_decodes = spy  # type: ignore[method-assign]
+        recorder = RunRecorder()
+        simulate_fleet(iter(requests(rows)), [ReplicaSetup(scheduler, ROOF_LAG, recorder, kv,
+                                                           fast_forward=fast)],
+                       None, None, recorder)
+        plans.append(by_key(log))
+        if fast:
+            in_runs = sum(s.run.steps + (s.finish is not None) for r in ran for s in r)
+            assert in_runs > 0.7 * recorder.num_steps
+            assert sum(s.finish is not None for r in ran for s in r) >= 3
+    # every plan schedule() made (before and after runs) is one step by step made
+    assert all(plans[0][key] == tables for key, tables in plans[1].items())
+
+
+def test_async_replicas_behind_a_router_run_step_by_step() -> None:
+    """Behind a router async scheduling runs step by step (no decode run), and equals the
+    oracle."""
+    rows = [(0.037 * i, 30 + 17 * (i % 7), 20 + 31 * (i % 5), i % 3) for i in range(30)]
+    config = {"policy": "continuous", "blocks": 3000, "block": 16, "seqs": 32, "budget": 512,
+              "chunked": True, "prefix": True, "swap": False, "watermark": 0.0,
+              "graphs": True, "batch": 1, "async": True}
+    assert_same(rows, config, 2, "least_outstanding", ROOF)
+    fleet, setups, ran = RunRecorder(), [], []
+    for _ in range(2):
+        scheduler, kv = build(config)
+        advance = scheduler.advance_decodes
+
+        def spy(run, begin, end, step_end_s, advance=advance):  # noqa: ANN001, ANN202
+            ran.append(end - begin)
+            return advance(run, begin, end, step_end_s)
+
+        scheduler.advance_decodes = spy  # type: ignore[method-assign]
+        setups.append(ReplicaSetup(scheduler, ROOF, RunRecorder(), kv))
+    simulate_fleet(iter(requests(rows)), setups, build_router("least_outstanding"),
+                   router_rng(0), fleet)
+    assert ran == []

@@ -21,7 +21,8 @@ PUBLISHED = {
     "qwen3-30b-a3b": (30.5, 3.3), "mistral-7b-v0.3": (7.25, None), "mixtral-8x7b": (46.7, 12.9),
     "gpt-oss-120b": (116.8, None), "gpt-oss-20b": (20.9, None), "gemma-2-9b": (9.24, None),
     "gemma-3-27b": (27.0, None), "deepseek-v3": (671.0, 37.0), "phi-3-mini-4k": (3.82, None),
-    "phi-4": (14.7, None),
+    "phi-4": (14.7, None), "llama-2-7b": (6.74, None), "llama-2-70b": (68.98, None),
+    "codellama-34b-instruct": (33.74, None),
 }
 
 

@@ -23,9 +23,14 @@ from sim.experiments.run import run_scenario
 STEP_MS = 10.0
 
 
+# the engine's queue alone: no frontend before and after it (sim.config.frontend)
+NO_FRONTEND = {"api_server_ms": 0, "tokenize_us_per_token": 0, "detokenize_us_per_token": 0,
+               "stream_us_per_token": 0}
+
+
 def _scenario(rate: float, output: dict, n: int, scheduler: dict, seed: int = 0) -> Scenario:
     return Scenario.model_validate({
-        "name": "queueing", "seed": seed, "scheduler": scheduler,
+        "name": "queueing", "seed": seed, "scheduler": scheduler, "frontend": NO_FRONTEND,
         "latency": {"model": "fixed", "step_ms": STEP_MS},
         "workload": {"arrivals": {"process": "poisson", "rate": rate}, "num_requests": n,
                      "prompt_tokens": {"dist": "fixed", "value": 16}, "output_tokens": output}})
@@ -137,6 +142,7 @@ def test_littles_law_on_random_workloads(rate: float, max_num_seqs: int, n: int,
     scenario = Scenario.model_validate({
         "name": "little", "seed": seed,
         "scheduler": {"max_num_seqs": max_num_seqs, "chunked_prefill": chunked},
+        "frontend": NO_FRONTEND,
         "latency": {"model": "fixed", "step_ms": step_ms},
         "workload": {"arrivals": {"process": "poisson", "rate": rate}, "num_requests": n,
                      "prompt_tokens": {"dist": "lognormal", "mean": 500, "cv": 1.0, "min": 4,

@@ -39,7 +39,8 @@ def test_rescripted_keeps_the_prompt_and_starts_afresh() -> None:
 
 
 def readings(p: tuple | None) -> tuple:
-    """A record's arrival, idle and KV clocks, queue ahead, running and prompt tokens."""
+    """A record's arrival, idle and KV clocks, queue ahead, running and prompt tokens, and the
+    frontend's input time."""
     assert p is not None
     return tuple(p)
 
@@ -58,7 +59,7 @@ def test_waiting_records_come_back_as_a_map_would_return_them(script) -> None:  
             rid = max(0, rid + step)
             if rid in model:
                 continue  # ids are unique
-            values = (rid * 0.5, rid + 0.25, -rid * 1.0, rid, 2 * rid, 3 * rid + 1)
+            values = (rid * 0.5, rid + 0.25, -rid * 1.0, rid, 2 * rid, 3 * rid + 1, rid / 8)
             waiting.add(rid, *values)
             model[rid] = values
         else:
@@ -74,8 +75,8 @@ def test_waiting_records_come_back_as_a_map_would_return_them(script) -> None:  
 def test_a_long_queue_is_cut_at_its_head_and_keeps_the_skipped() -> None:
     waiting = _Waiting()
     for rid in range(5000):
-        waiting.add(rid, rid * 0.5, 0.0, 0.0, rid, 0, rid + 1)
-    assert readings(waiting.pop(2)) == (1.0, 0.0, 0.0, 2, 0, 3)  # 0 and 1 go aside
+        waiting.add(rid, rid * 0.5, 0.0, 0.0, rid, 0, rid + 1, rid * 1e-3)
+    assert readings(waiting.pop(2)) == (1.0, 0.0, 0.0, 2, 0, 3, 2e-3)  # 0 and 1 go aside
     for rid in range(3, 4000):
         assert readings(waiting.pop(rid))[5] == rid + 1  # its prompt tokens
     assert waiting.pop(3) is None  # taken already

@@ -57,8 +57,8 @@ def test_decode_floor_and_overhead_are_plausible_for_llama_8b_on_h100() -> None:
     read_s = step["bytes"] / H100.memory_bandwidth_bytes_per_s  # at datasheet speed
     assert read_s < step["memory_s"] < read_s / 0.7
     assert floor_s < step["gemm_s"] + step["lm_head_s"] < floor_s / 0.7
-    # the fitted host time: per step plus one sequence's, a millisecond or two
-    assert 0.5e-3 < step["overhead_s"] < 3e-3
+    # the fitted host time (calibrate.fit_serving): per step plus one sequence's, a few ms
+    assert 0.5e-3 < step["overhead_s"] < 6e-3
 
 
 def test_empty_step_costs_nothing() -> None:

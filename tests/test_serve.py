@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from sim.assemble import build_latency, build_replica, kv_budget
+from sim.assemble import build_latency, build_replica, kv_budget, synchronous
 from sim.config.scenario import Scenario
 from sim.core.drive import run_steps
 from sim.core.request import ABORTED_REASON, Request
@@ -191,6 +191,7 @@ def test_served_plans_equal_a_simulation_of_the_served_arrivals(sections: dict) 
         for t in threads:
             t.join(60)
     assert len(added) == 16
+    sc = synchronous(sc)  # the served loop steps its scheduler one step at a time
     kv = build_replica(sc, kv_budget(sc))
     latency = build_latency(sc)
     sim_starts: list[float] = []

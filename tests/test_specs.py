@@ -63,7 +63,8 @@ def test_catalogue_is_consistent_and_read_only() -> None:
         assert model.num_heads * model.head_dim == model.hidden_size
     for key, hw in HARDWARE.items():
         assert hw.name == key
-        assert 50 < hw.ridge_flops_per_byte < 1000  # dense bf16 FLOPs per HBM byte
+        # dense bf16 FLOPs per HBM byte (H20's export-capped compute: 37)
+        assert 30 < hw.ridge_flops_per_byte < 1000
     with pytest.raises(TypeError):
         MODELS["new"] = MODELS["tiny"]  # type: ignore[index]
 

@@ -6,6 +6,11 @@ same step loop and must make the same decision at every step (the one running
 set, numpy columns, speculation included). The recorded
 trace is the scheduler's oracle; a newer vLLM is `python -m
 parity.record_vllm` in its venv (parity/NOTES.md).
+
+The same with async scheduling: vLLM's AsyncScheduler recorded one step ahead
+(parity/traces/vllm-0.32.0-async.jsonl.gz, `record_vllm --async`) against
+servesim's scheduler in async mode through the same loop (parity.steps.
+run_config_async), on the configurations vLLM runs asynchronously.
 """
 
 from __future__ import annotations
@@ -16,15 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from parity.compare import DEFAULT_TRACE, first_difference, load_recorded
-from parity.configs import FAMILIES, SPEC_METHODS, generate_configs
+from parity.compare import ASYNC_TRACE, DEFAULT_TRACE, first_difference, load_recorded
+from parity.configs import FAMILIES, SPEC_METHODS, generate_configs, runs_async
 from parity.servesim_side import ServesimSide
-from parity.steps import RunResult, StepRecord, run_config
+from parity.steps import RunResult, StepRecord, run_config, run_config_async
 
 PARITY = Path(__file__).resolve().parent.parent / "parity"
 CONFIGS = generate_configs()
 BY_NAME = {c.name: c for c in CONFIGS}
 META, RECORDED = load_recorded(DEFAULT_TRACE)
+ASYNC_META, ASYNC_RECORDED = load_recorded(ASYNC_TRACE)
+ASYNC_CONFIGS = [c for c in CONFIGS if runs_async(c)]
 
 
 
@@ -73,6 +80,101 @@ def test_servesim_makes_vllms_decisions(name: str) -> None:
     config = BY_NAME[name]
     mismatch = first_difference(RECORDED[name], run_config(config, ServesimSide(config)))
     assert mismatch is None, mismatch.describe()
+
+
+def test_async_trace_is_vllm_0_32_async_scheduler_on_these_configurations() -> None:
+    assert ASYNC_META["scheduler"] == "vllm" and ASYNC_META["vllm_version"] == "0.32.0"
+    assert ASYNC_META["async_scheduling"] is True and ASYNC_META["batch_queue"] == 2
+    assert set(ASYNC_RECORDED) == {c.name for c in ASYNC_CONFIGS}
+    # vLLM refuses async scheduling with the n-gram drafter: only those stay out
+    assert {c.family for c in CONFIGS if not runs_async(c)} == {"spec_ngram"}
+    stale = [n for n, run in ASYNC_RECORDED.items() if run.digest != BY_NAME[n].digest]
+    assert not stale, f"re-record: the generator changed {stale[:3]}"
+    assert not {n: run.error for n, run in ASYNC_RECORDED.items() if run.error}
+    # the async runs decide differently from the synchronous ones somewhere (else the
+    # async check would prove nothing the synchronous one does not)
+    differ = sum(RECORDED[n].steps != run.steps for n, run in ASYNC_RECORDED.items())
+    assert differ > len(ASYNC_RECORDED) // 2, differ
+
+
+@pytest.mark.parametrize("name", [c.name for c in ASYNC_CONFIGS])
+def test_servesim_makes_vllms_async_decisions(name: str) -> None:
+    config = BY_NAME[name]
+    mismatch = first_difference(ASYNC_RECORDED[name],
+                                run_config_async(config, ServesimSide(config, True)))
+    assert mismatch is None, mismatch.describe()
+
+
+class _WatchingAsync(ServesimSide):
+    """The async servesim side, counting the async rules its plans (= vLLM's) go through."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config, async_scheduling=True)
+        self.seen = Counter()
+
+    def schedule(self):
+        ahead = self.sched._outstanding[0] if self.sched._outstanding else None  # noqa: SLF001
+        out = super().schedule()
+        plan = self._plan
+        if ahead is not None:
+            self.seen["scheduled while a step runs"] += 1
+            if plan is not None:
+                scheduled = set(plan.request_ids)
+                for rid, emits in zip(ahead.request_ids, ahead.emits_token, strict=True):
+                    req = self.requests[rid]
+                    if emits and rid not in scheduled and req.request_id in {
+                            r.request_id for r in self.sched.running} \
+                            and req.num_output_done + 1 >= req.output_tokens:
+                        self.seen["skipped: the running step ends it"] += 1
+                if any(k for k in plan.num_spec_tokens) and ahead.num_spec_tokens:
+                    self.seen["drafts on drafts in flight"] += 1
+            for rid in out.preempted:
+                if rid in ahead.request_ids:
+                    self.seen["preempted with a step in flight"] += 1
+        return out
+
+    def step_done(self):
+        plan = self._plans[0]
+        before = {rid: r.state for rid, r in self.requests.items()}
+        finished = super().step_done()
+        if plan is not None:
+            for rid in finished:
+                if before[rid].name == "WAITING":
+                    self.seen["finished by a stale output"] += 1
+            if len(self._plans) and self._plans[0] is not None:
+                self.seen["applied under a newer plan"] += 1
+        return finished
+
+
+def test_the_async_runs_reach_vllms_async_rules() -> None:
+    """The configurations exercise what async scheduling changes."""
+    seen = Counter()
+    for config in ASYNC_CONFIGS:
+        side = _WatchingAsync(config)
+        assert run_config_async(config, side).error is None
+        seen += side.seen
+    wanted = {"scheduled while a step runs", "skipped: the running step ends it",
+              "drafts on drafts in flight", "preempted with a step in flight",
+              "applied under a newer plan", "finished by a stale output"}
+    assert wanted <= set(seen) and min(seen[w] for w in wanted) > 0, seen
+
+
+def test_async_side_applies_the_oldest_plan() -> None:
+    """The async loop is schedule(0), schedule(1), apply(0), schedule(2), apply(1), ..."""
+    calls: list[str] = []
+
+    class Logged(ServesimSide):
+        def schedule(self):
+            calls.append("s")
+            return super().schedule()
+
+        def step_done(self):
+            calls.append("a")
+            return super().step_done()
+
+    config = next(c for c in ASYNC_CONFIGS if c.family == "large_batch")
+    assert run_config_async(config, Logged(config, True)).error is None
+    assert "".join(calls).startswith("ssasasas")
 
 
 class _Watching(ServesimSide):

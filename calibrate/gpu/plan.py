@@ -41,8 +41,10 @@ def raw_scenario(model: str) -> dict[str, Any]:
     return {
         "name": f"gpu_check_{model}", "seed": 0, "model": model,
         "hardware": {"gpu": gpu, "memory_utilization": 0.5},
+        # the engine steps synchronously (sim.core.drive), so its scenario says so
         "scheduler": {"policy": "continuous", "max_num_seqs": seqs,
-                      "max_num_batched_tokens": tokens, "max_model_len": max_len},
+                      "max_num_batched_tokens": tokens, "max_model_len": max_len,
+                      "async_scheduling": False},
         "kv": {"block_size": 16},
         "engine": {"device": "auto", "dtype": "auto", "cuda_graphs": True,
                    "sampling": {"temperature": 0.0}},

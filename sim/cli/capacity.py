@@ -34,17 +34,30 @@ EXIT_DOES_NOT_FIT = 1
 def _roofline_decode(model: ModelSpec, hw: HardwareSpec, tp: int, ep: int, r: dict[str, Any]
                      ) -> dict[str, Any]:
     """What the default latency model says one decode step of the sheet's batch takes."""
+    from sim.config.frontend import Frontend
     from sim.core.plan import StepShape
     from sim.latency.roofline import RooflineLatency
-    from sim.latency.roofline_fits import family_of
+    from sim.latency.roofline_fits import HOST_SERIAL_SHARE, family_of
 
-    roofline = RooflineLatency(model, hw, tp=tp, ep=ep)
+    # as a scenario runs it by default: vLLM's async scheduling, the fitted serial share
+    roofline = RooflineLatency(model, hw, tp=tp, ep=ep, host_serial_share=HOST_SERIAL_SHARE)
     batch, ctx = r["batch_size"], r["context_tokens"]
-    parts = roofline.breakdown(StepShape(num_decodes=batch, decode_context_sum=batch * ctx,
-                                         decode_context_max=ctx, padded_batch=batch))
+    shape = StepShape(num_decodes=batch, decode_context_sum=batch * ctx,
+                      decode_context_max=ctx, padded_batch=batch)
+    parts = roofline.breakdown(shape)
+    gpu_s = sum(parts[k] for k in ("gemm_s", "small_s", "attention_s", "lm_head_s",
+                                   "allreduce_s"))
     family, why = family_of(hw.name, hw.sm_count)
+    frontend = Frontend()
     return {"roofline_decode_step_s": parts["total_s"], "roofline_cpu_s": parts["overhead_s"],
-            "roofline_family": family, "roofline_family_why": why}
+            "roofline_host_visible_s": parts["total_s"] - gpu_s,
+            "roofline_output_lag_s": roofline.output_lag_s(shape),
+            "roofline_family": family, "roofline_family_why": why,
+            "frontend_api_server_s": frontend.api_server_s,
+            "frontend_tokenize_s": frontend.tokenize_s_per_token * ctx,
+            "frontend_token_out_s": (frontend.detokenize_s_per_token
+                                     + frontend.stream_s_per_token),
+            "frontend_offset_s": frontend.offset_s(ctx)}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -180,7 +180,15 @@ def format_report(r: dict[str, Any]) -> str:
             *([("roofline step", f"{_ms(r['roofline_decode_step_s'])} per decode step at batch "
                                  f"{batch:,}: the default latency model, "
                                  f"{r['roofline_family']} ({r['roofline_family_why']}); "
-                                 f"its CPU share {_ms(r['roofline_cpu_s'])}")]
+                                 f"host {_ms(r['roofline_cpu_s'])} a step, "
+                                 f"{_ms(r['roofline_host_visible_s'])} of it beyond the GPU's "
+                                 f"time (async scheduling), tokens out "
+                                 f"{_ms(r['roofline_output_lag_s'])} after it"),
+                ("frontend", f"API server {_ms(r['frontend_api_server_s'])} + tokenizing "
+                             f"{ctx:,} tokens {_ms(r['frontend_tokenize_s'])} + detokenizing "
+                             f"and streaming a token {_ms(r['frontend_token_out_s'])} = "
+                             f"{_ms(r['frontend_offset_s'])} on each TTFT and E2E a client "
+                             f"sees")]
               if "roofline_decode_step_s" in r else []),
             ("crossover", crossover),
             ("  weights only", f"batch {r['crossover_batch_weights_only']:,.1f}: where the "

@@ -12,7 +12,8 @@ Skew touches fewer experts for the same batch, so memory-bound decode reads less
 
 Expert parallelism (ep GPUs each holding E/ep whole experts instead of a 1/tp slice of
 every expert) reads the same bytes on the average GPU but sends each token's hidden
-state to its experts' GPUs and back: an all-to-all per MoE layer.
+state to its experts' GPUs and back: two all-to-alls per MoE layer, priced over the GPU's
+link by sim.config.link.all_to_all_s.
 """
 
 from __future__ import annotations
@@ -63,10 +64,24 @@ def experts_touched_per_gpu(num_experts: int, top_k: int, num_tokens: float, ep:
     return max(sum(1 - (1 - p) ** num_tokens for p in probs[gpu::ep]) for gpu in range(ep))
 
 
+def dispatch_bytes_per_gpu(num_tokens: float, top_k: int, hidden_size: int,
+                           act_bytes: float, ep: int) -> float:
+    """One GPU's buffer for one all-to-all of a MoE layer: its 1/ep of the tokens' hidden
+    states, once per routed expert (k copies), spread evenly over the ep GPUs' experts.
+
+    What nccl-tests' alltoall calls the size: each GPU keeps 1/ep of it and sends the
+    rest, so sim.config.link.all_to_all_s prices (ep-1)/ep of it over the link. A layer
+    runs two: dispatch to the experts, combine back."""
+    if ep <= 1:
+        return 0.0
+    return num_tokens / ep * top_k * hidden_size * act_bytes
+
+
 def all_to_all_bytes_per_gpu(num_tokens: int, top_k: int, hidden_size: int,
                              act_bytes: float, ep: int) -> float:
     """Bytes one GPU sends per MoE layer: its 1/ep of the tokens' hidden states to the
     (ep-1)/ep of their k experts that live elsewhere, then the results back."""
     if ep <= 1:
         return 0.0
-    return 2 * num_tokens / ep * top_k * hidden_size * act_bytes * (ep - 1) / ep
+    return 2 * dispatch_bytes_per_gpu(num_tokens, top_k, hidden_size, act_bytes,
+                                      ep) * (ep - 1) / ep

@@ -9,14 +9,17 @@ file, `--set` overrides and the error text are `sim.config.loader`,
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from sim.config.catalogue import link_from_fields
 from sim.config.hardware import HardwareSpec
 from sim.config.sections import (
     EngineConfig,
+    FrontendConfig,
     HardwareConfig,
     KVConfig,
     LatencyConfig,
@@ -31,7 +34,7 @@ from sim.config.sections import (
 from sim.config.specs import ModelSpec, check_ep, check_tp
 from sim.config.speculative import SpeculativeConfig
 from sim.config.workload import WorkloadConfig
-from sim.core.schedulers import POLICIES
+from sim.core.schedulers import POLICIES, resolve_async_scheduling
 
 # Recorded in every summary.json; bumped when a field is renamed or removed or changes meaning.
 SCHEMA_VERSION = 1
@@ -86,6 +89,8 @@ class Scenario(StrictModel):
                                  "replay` reads it; the simulator its cuda_graphs")
     speculative: SpeculativeConfig = Field(SpeculativeConfig(),
                                            description="speculative decoding")
+    frontend: FrontendConfig = Field(FrontendConfig(), description="what a client waits for "
+                                     "besides the engine: API server, tokenizer, stream")
 
     @field_validator("name")
     @classmethod
@@ -178,6 +183,21 @@ class Scenario(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _async_scheduling_suits(self) -> Scenario:
+        """Explicit async scheduling where it cannot run, and the overlap's share without it,
+        are errors here, naming the field (resolve_async_scheduling says why)."""
+        cfg = self.scheduler
+        method = "ngram" if self.speculative.draft_spec is None else "draft_model"
+        resolved = resolve_async_scheduling(cfg.async_scheduling, cfg.policy, cfg.preemption,
+                                            self.speculative.num_tokens, method)
+        if not resolved and self.latency.host_serial_share is not None:
+            raise ValueError(f"latency.host_serial_share: applies under async scheduling, "
+                             f"which this scenario runs without (got "
+                             f"{self.latency.host_serial_share}); remove it, or set "
+                             "scheduler.async_scheduling true where it is allowed")
+        return self
+
+    @model_validator(mode="after")
     def _latency_options_suit_model(self) -> Scenario:
         problem = self.latency.problem()
         if problem is not None:  # raised here so the report names latency.<field>
@@ -204,4 +224,7 @@ class Scenario(StrictModel):
 
     @property
     def hardware_spec(self) -> HardwareSpec:
-        return resolve_hardware(self.hardware.gpu)
+        spec = resolve_hardware(self.hardware.gpu)
+        if self.hardware.link is None:
+            return spec
+        return dataclasses.replace(spec, link=link_from_fields(self.hardware.link))

@@ -12,7 +12,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sim.config.catalogue import get_hardware, get_model, hardware_from_fields, model_from_fields
+from sim.config.catalogue import (
+    get_hardware,
+    get_model,
+    hardware_from_fields,
+    link_from_fields,
+    model_from_fields,
+)
+from sim.config.frontend import Frontend
 from sim.config.hardware import HardwareSpec
 from sim.config.specs import ModelSpec
 
@@ -49,11 +56,24 @@ class HardwareConfig(StrictModel):
     memory_utilization: float = Field(
         0.9, gt=0.0, le=1.0, description="share of GPU memory the server may use "
         "(vLLM's gpu_memory_utilization)")
+    link: str | dict[str, Any] | None = Field(
+        None, description="the GPUs' link to each other, replacing the GPU's own: a link name "
+        "(nvlink3/4/5, pcie4, pcie5, infinity-fabric, rdma-400, ...) or a mapping of Link "
+        "fields, e.g. {base: nvlink4, latency_s: 2.0e-5} or {kind: pcie, generation: 5, "
+        "bandwidth_bytes_per_s: 4.0e10, latency_s: 2.4e-5}; prices the TP all-reduce and "
+        "the EP all-to-all (docs/roofline.md, Links)")
 
     @field_validator("gpu")
     @classmethod
     def _known_gpu(cls, value: str | dict[str, Any]) -> str | dict[str, Any]:
         resolve_hardware(value)
+        return value
+
+    @field_validator("link")
+    @classmethod
+    def _known_link(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if value is not None:
+            link_from_fields(value)
         return value
 
 
@@ -90,6 +110,19 @@ class SchedulerConfig(StrictModel):
         True, description="continuous: admit a request only when blocks for all its known "
         "tokens fit, not just its first chunk (vLLM's setting of that name; false = vLLM "
         "<= 0.18)")
+    async_scheduling: bool | None = Field(
+        None, description="continuous: schedule the next step while the last one runs, from "
+        "its outputs as placeholders (vLLM's async scheduling, its default). Default: on for "
+        "continuous, except with n-gram speculative decoding or swap preemption (vLLM runs "
+        "those synchronously); static and dynamic batching have no async mode")
+
+    @model_validator(mode="after")
+    def _async_suits_policy(self) -> SchedulerConfig:
+        if self.async_scheduling and self.policy != "continuous":
+            raise ValueError(f"scheduler.async_scheduling: true needs policy continuous "
+                             f"(request-level batching has no async mode), got policy "
+                             f"{self.policy!r}; set it false or omit it")
+        return self
 
     @model_validator(mode="after")
     def _decodes_fit_a_step(self) -> SchedulerConfig:
@@ -127,6 +160,37 @@ class KVConfig(StrictModel):
         return data
 
 
+class FrontendConfig(StrictModel):
+    """What a client waits for besides the engine (sim.config.frontend): the API server, the
+    prompt's tokenization, each token's detokenization and stream write. Unset: servesim's
+    measured and fitted defaults; all 0: the engine's own latencies."""
+
+    api_server_ms: float | None = Field(
+        None, ge=0.0, allow_inf_nan=False, description="HTTP/API server time per request, ms "
+        "(default: fitted on real vLLM runs)")
+    tokenize_us_per_token: float | None = Field(
+        None, ge=0.0, allow_inf_nan=False, description="prompt tokenization, us per prompt "
+        "token (default: measured with the shipped tokenizers)")
+    detokenize_us_per_token: float | None = Field(
+        None, ge=0.0, allow_inf_nan=False, description="incremental detokenization, us per "
+        "output token (default: measured)")
+    stream_us_per_token: float | None = Field(
+        None, ge=0.0, allow_inf_nan=False, description="writing one streamed chunk, us per "
+        "output token (default: measured)")
+
+    def value(self) -> Frontend:
+        """The Frontend these settings give (unset fields: the defaults)."""
+        base = Frontend()
+        return Frontend(
+            base.api_server_s if self.api_server_ms is None else self.api_server_ms / 1e3,
+            base.tokenize_s_per_token if self.tokenize_us_per_token is None
+            else self.tokenize_us_per_token / 1e6,
+            base.detokenize_s_per_token if self.detokenize_us_per_token is None
+            else self.detokenize_us_per_token / 1e6,
+            base.stream_s_per_token if self.stream_us_per_token is None
+            else self.stream_us_per_token / 1e6)
+
+
 class LatencyConfig(StrictModel):
     """roofline: from the model and GPU specs (the knobs below tune it); table: a fitted
     calibration table directory (`servesim calibrate fit`), `path` relative to the scenario;
@@ -151,6 +215,10 @@ class LatencyConfig(StrictModel):
     bandwidth_efficiency: float | None = Field(
         None, gt=0.0, le=1.0, description="roofline: share of memory bandwidth a GEMM's "
         "weight read reaches (default: the GPU family's fit, 0.91-0.95)")
+    host_serial_share: float | None = Field(
+        None, ge=0.0, le=1.0, description="roofline under async scheduling: the share of the "
+        "host's time per step still serial with the GPU; the rest overlaps the GPU (default: "
+        "the fit on real vLLM runs, calibrate.fit_serving; synchronous scheduling: 1)")
 
     def problem(self) -> str | None:
         """A 'latency.<field>: why' message when the options do not suit `model`."""
@@ -158,7 +226,8 @@ class LatencyConfig(StrictModel):
             if self.step_ms is None:
                 return "latency.step_ms: model fixed needs the time of every step, in ms (> 0)"
             tuning = [k for k in ("step_overhead_ms", "seq_overhead_ms", "compute_efficiency",
-                                  "bandwidth_efficiency") if getattr(self, k) is not None]
+                                  "bandwidth_efficiency", "host_serial_share")
+                      if getattr(self, k) is not None]
             if tuning or self.path is not None:
                 field = tuning[0] if tuning else "path"
                 return (f"latency.{field}: does not apply to model fixed (every step takes "
@@ -170,7 +239,7 @@ class LatencyConfig(StrictModel):
             if self.path is None:
                 return ("latency.path: model table needs the calibration table directory "
                         "(relative to the scenario file)")
-            knobs = [k for k in ("compute_efficiency", "bandwidth_efficiency")
+            knobs = [k for k in ("compute_efficiency", "bandwidth_efficiency", "host_serial_share")
                      if getattr(self, k) is not None]
             if knobs:
                 return (f"latency.{knobs[0]}: tunes the roofline model only; a table brings "

@@ -96,6 +96,19 @@ class SharedPrefixConfig(WorkloadModel):
         None, description="tokens per prefix content id (default 16, one KV block)")
 
 
+class PromptGroupsConfig(WorkloadModel):
+    """`groups` x `prompts_per_group` distinct prompts sent in a cycle, each a group's system
+    prompt of `system_tokens` followed by its own question (inference-perf's shared-prefix
+    workload); `prompt_tokens` is each prompt's whole length, drawn once per prompt."""
+
+    groups: Annotated[int, Field(ge=1)] = Field(description="system prompts (groups)")
+    prompts_per_group: Annotated[int, Field(ge=1)] = Field(
+        description="distinct prompts opening with each system prompt")
+    system_tokens: Tokens = Field(description="length of each group's system prompt, tokens")
+    unit_tokens: UnitTokens | None = Field(
+        None, description="tokens per prefix content id (default 16, one KV block)")
+
+
 class ConversationsConfig(WorkloadModel):
     """Multi-turn chats: each turn's prompt is the previous prompt + answer + `user_tokens`."""
 
@@ -132,6 +145,9 @@ class WorkloadConfig(WorkloadModel):
         None, description="synthetic: some prompts open with a shared system prompt")
     conversations: ConversationsConfig | None = Field(
         None, description="synthetic: multi-turn chats, each turn extending the last")
+    prompt_groups: PromptGroupsConfig | None = Field(
+        None, description="synthetic: groups x prompts per group distinct prompts, sent in a "
+        "cycle, each opening with its group's system prompt")
     num_requests: Annotated[int, Field(ge=1)] | None = Field(
         None, description="stop after this many requests")
     duration_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
@@ -155,7 +171,7 @@ class WorkloadConfig(WorkloadModel):
             # without output_tokens their lengths
             extras = [
                 name
-                for name in ("prompt_tokens", "shared_prefix", "conversations")
+                for name in ("prompt_tokens", "shared_prefix", "conversations", "prompt_groups")
                 if getattr(self, name) is not None
             ]
             if extras:
@@ -169,9 +185,15 @@ class WorkloadConfig(WorkloadModel):
             raise ValueError(f"a synthetic workload needs {missing} (or give 'trace')")
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("a synthetic workload needs num_requests and/or duration_s")
+        if self.prompt_groups is not None:
+            others = [name for name in ("shared_prefix", "conversations")
+                      if getattr(self, name) is not None]
+            if others:
+                raise ValueError(f"prompt_groups already names every prompt's content; remove "
+                                 f"{others}")
         units = {
             section.unit_tokens
-            for section in (self.shared_prefix, self.conversations)
+            for section in (self.shared_prefix, self.conversations, self.prompt_groups)
             if section is not None and section.unit_tokens is not None
         }
         if len(units) > 1:
@@ -184,7 +206,7 @@ class WorkloadConfig(WorkloadModel):
     @property
     def unit_tokens(self) -> int:
         """Tokens per prefix content id of the synthetic prefix workloads."""
-        for section in (self.shared_prefix, self.conversations):
+        for section in (self.shared_prefix, self.conversations, self.prompt_groups):
             if section is not None and section.unit_tokens is not None:
                 return section.unit_tokens
         return DEFAULT_UNIT_TOKENS

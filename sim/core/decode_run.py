@@ -124,11 +124,13 @@ def constant(steps: int, value: float | int, dtype: type = np.int64) -> np.ndarr
     return out
 
 
-def split_part(part: DecodeRun, steps: int) -> tuple[DecodeRun, DecodeRun]:
+def split_part(part: DecodeRun, steps: int, extra: int = 0) -> tuple[DecodeRun, DecodeRun]:
     """An applied run's part (nobody finishing, its kv_blocks_used exact) as its first
-    `steps` steps and the rest."""
+    `steps` steps and the rest; `extra`: 1 when kv_blocks_used has an entry after the last
+    step (async scheduling's parts, apply_run_ahead), which the head keeps too."""
     used, rest = part.kv_blocks_used, part.steps - steps
-    return (DecodeRun(steps, part.shape, used[:steps], part.num_waiting, part.stops_at_arrival,
+    return (DecodeRun(steps, part.shape, used[:steps + extra], part.num_waiting,
+                      part.stops_at_arrival,
                       part.block_size, part.kv_blocked),
             DecodeRun(rest, decode_shape(part.shape, steps), used[steps:], part.num_waiting,
                       part.stops_at_arrival, part.block_size, part.kv_blocked))

@@ -15,6 +15,14 @@ The driver never reads a clock: a step reports when it ended (a virtual clock:
 start + a predicted duration; the engine on the wall clock: what it measured),
 and `wait_until` lets a wall-clock world sleep until an arrival. The engine's
 replay (gpu_engine.replay_loop) and the tests (`run_steps`) drive through here.
+
+It is synchronous: schedule() and on_step_done() alternate, one step at a time.
+A scheduler built with `async_scheduling` (vLLM's default, the continuous
+policy's unless the scenario says false) never gets a plan scheduled ahead here,
+so the real engine runs synchronously whatever its scenario asks: its plans are
+vLLM's AsyncScheduler's driven step by step, which are the synchronous
+scheduler's but that blocks filled by accepted drafts are named (prefix cache)
+when their step is applied rather than at the next schedule().
 """
 
 from __future__ import annotations

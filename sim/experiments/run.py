@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sim.assemble import build_latency, build_replica, kv_budget
+from sim.config.frontend import Frontend
 from sim.config.scenario import Scenario
+from sim.core.plan import StepShape
 from sim.experiments.progress import DelayedBar
+from sim.latency import LatencyModel
 from sim.observe.diagnose import COLUMNS as DIAGNOSIS_COLUMNS
 from sim.observe.diagnose import TTFTDiagnoser
 from sim.observe.observer import ReplicaObserver
@@ -71,8 +74,10 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
     streaming = requests_csv is not None
     kept = keep_rows and not streaming
     diagnose = streaming or keep_rows  # the TTFT parts go only into the rows
+    frontend = scenario.frontend.value()
     observers: list[ReplicaObserver | None] = [
-        ReplicaObserver(p.scheduler, lat.step_time, traced, hand_off=streaming)
+        ReplicaObserver(p.scheduler, lat.step_time, traced, hand_off=streaming,
+                        delivery_s=_delivery(p.scheduler, lat, frontend))
         if diagnose else None for p, lat in zip(parts, latencies, strict=True)]
     rows: RequestCSV | str | None = KEEP if kept else None
     if requests_csv is not None:
@@ -94,16 +99,27 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
         # short runs stay silent (and load no tqdm): the bar appears only after 2 s
         with DelayedBar(total, "simulating", "req", enabled=show_progress) as bar:
             simulate_fleet(requests, setups, router, router_rng(scenario.seed), recorder,
-                           on_done=bar.update)
+                           on_done=bar.update, frontend=frontend)
     finally:
         recorder.close()
     wall_s = time.perf_counter() - started
     timeline_frame = collect(setups, recorder if kept else None)
     summary = run_summary(scenario, budget, recorder, setups, latency.name, wall_s,
-                          [s.recorder for s in setups])
+                          [s.recorder for s in setups], frontend)
     num_blocks = setups[0].kv.num_usable_blocks
     return RunResult(scenario, summary, recorder, budget, num_blocks, latency.name,
                      wall_s, tuple(s.recorder for s in setups), timeline_frame)
+
+
+def _delivery(scheduler: object, latency: LatencyModel, frontend: Frontend
+              ) -> Callable[[StepShape], float]:
+    """How long after a step's GPU time its tokens reach the client, as the world stamps
+    them (sim.world.replica): the async output lag, then the frontend's output terms."""
+    out_s = frontend.detokenize_s_per_token + frontend.stream_s_per_token
+    lag = getattr(latency, "output_lag_s", None)
+    if lag is None or not getattr(scheduler, "async_scheduling", False):
+        return lambda _shape: out_s
+    return lambda shape: lag(shape) + out_s
 
 
 def _take_from(diagnosers: Sequence[TTFTDiagnoser]

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from sim.config.attention import layer_bytes_per_token, layer_counts
 from sim.config.costs import attention_flops_per_pair, kv_bytes_per_token
 from sim.config.hardware import HardwareSpec
+from sim.config.link import Link, transfer_s
 from sim.config.specs import ModelSpec, check_ep, check_tp
 from sim.core.plan import StepShape
 from sim.latency.roofline_fits import RooflineParams, params_for
@@ -59,16 +60,16 @@ from sim.latency.roofline_terms import (
     GemmCost,
     LayerDims,
     attention_costs,
+    cpu_overhead_s,
     gemm_cost,
     sampling_s,
+    visible_host_s,
 )
 
 __all__ = ["PARTS", "RooflineLatency", "model_dims"]
 
 # What step_time adds up (breakdown's keys, besides swap_s and total_s).
 PARTS = ("gemm_s", "small_s", "attention_s", "lm_head_s", "overhead_s", "allreduce_s")
-# Fixed cost of one small all-reduce (custom all-reduce / NCCL LL on NVLink).
-DEFAULT_ALLREDUCE_LATENCY_S = 8e-6
 
 
 def _check_fraction(name: str, value: float) -> None:
@@ -93,10 +94,13 @@ class RooflineLatency(RooflineRuns):
     step_overhead_s: float | None = None
     compute_efficiency: float | None = None
     bandwidth_efficiency: float | None = None
-    allreduce_latency_s: float = DEFAULT_ALLREDUCE_LATENCY_S
+    allreduce_latency_s: float | None = None  # one collective's fixed cost; None: the link's
     seq_overhead_s: float | None = None
     params: RooflineParams | None = None
     name: str = "roofline"
+    # async scheduling: the share of host time still serial with the GPU (1: synchronous,
+    # the engine as vLLM runs it without async scheduling); see visible_host_s
+    host_serial_share: float = 1.0
     _p: RooflineParams = field(init=False, repr=False, compare=False)
     _dims: LayerDims = field(init=False, repr=False, compare=False)
     _groups: tuple[PricedGroup, ...] = field(init=False, repr=False, compare=False)
@@ -110,9 +114,9 @@ class RooflineLatency(RooflineRuns):
     _kv_bytes_per_token: float = field(init=False, repr=False, compare=False)
     _flops_per_s: float = field(init=False, repr=False, compare=False)
     _bytes_per_s: float = field(init=False, repr=False, compare=False)
-    _allreduce_bytes_per_token: float = field(init=False, repr=False, compare=False)
-    _allreduce_fixed_s: float = field(init=False, repr=False, compare=False)
-    _all_to_all_fixed_s: float = field(init=False, repr=False, compare=False)
+    _link: Link = field(init=False, repr=False, compare=False)  # hardware.link, maybe re-timed
+    _allreduces: int = field(init=False, repr=False, compare=False)  # all-reduces a step
+    _allreduce_bytes_per_token: float = field(init=False, repr=False, compare=False)  # each
     # rows -> _fixed_parts' GEMMs, small kernels and collectives: steps repeat these row
     # counts by the thousand (a decode step's rows are its batch, a prefill's its prompt
     # plus the decodes beside it), and the GEMMs' tile-and-wave pricing is most of a step's
@@ -137,9 +141,13 @@ class RooflineLatency(RooflineRuns):
             value = getattr(self, name)
             if value is not None and not 0 <= value < float("inf"):
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
-        if not self.allreduce_latency_s >= 0:
-            raise ValueError(f"allreduce_latency_s must be >= 0, "
-                             f"got {self.allreduce_latency_s!r}")
+        if not 0 <= self.host_serial_share <= 1:
+            raise ValueError(f"host_serial_share must be in [0, 1], "
+                             f"got {self.host_serial_share!r}")
+        if self.allreduce_latency_s is not None and not (
+                0 <= self.allreduce_latency_s < float("inf")):
+            raise ValueError(f"allreduce_latency_s must be finite and >= 0 (None: the GPU "
+                             f"link's), got {self.allreduce_latency_s!r}")
         for name in ("compute_efficiency", "bandwidth_efficiency"):
             if getattr(self, name) is not None:
                 _check_fraction(name, getattr(self, name))
@@ -184,10 +192,10 @@ class RooflineLatency(RooflineRuns):
             "_kv_bytes_per_token": kv_bytes,
             "_flops_per_s": hw.bf16_flops_per_s,
             "_bytes_per_s": bw,
-            "_allreduce_bytes_per_token": reduces * m.hidden_size * act if multi_gpu else 0.0,
-            "_allreduce_fixed_s": reduces * self.allreduce_latency_s if multi_gpu else 0.0,
-            "_all_to_all_fixed_s": (2 * m.moe_layers * self.allreduce_latency_s
-                                    if ep > 1 else 0.0),
+            "_link": (hw.link if self.allreduce_latency_s is None else
+                      dataclasses.replace(hw.link, latency_s=self.allreduce_latency_s)),
+            "_allreduces": reduces if multi_gpu else 0,
+            "_allreduce_bytes_per_token": m.hidden_size * act if multi_gpu else 0.0,
             "_memo": {},
             "_seqs_memo": {},
             "_decode_memo": {},
@@ -206,10 +214,11 @@ class RooflineLatency(RooflineRuns):
         return sampling_s(self._dims, seqs, self._bytes_per_s, self._p)
 
     def swap_time_s(self, shape: StepShape) -> float:
-        """Host-link seconds for the KV the step swaps out and in (one GPU's shard each)."""
+        """Host-link seconds for the KV the step swaps out and in (one GPU's shard each):
+        one transfer over hardware.host_link."""
         slots = shape.swap_out_tokens + shape.swap_in_tokens
-        return (slots * kv_bytes_per_token(self.model, self.tp)
-                / self.hardware.host_link_bandwidth_bytes_per_s) if slots else 0.0
+        return transfer_s(self.hardware.host_link,
+                          slots * kv_bytes_per_token(self.model, self.tp)) if slots else 0.0
 
     def step_time(self, shape: StepShape) -> float:
         """Seconds for one step; an empty shape launches nothing and costs 0 (but swaps).
@@ -227,8 +236,25 @@ class RooflineLatency(RooflineRuns):
             memory = float(shape.decode_context_sum + n) * cost.token_s
             t = cost.launch_s + (compute if compute >= memory else memory)
             attention = self._attn_layers * (t if t >= cost.min_s else cost.min_s)
+            if self.host_serial_share < 1.0:
+                gpu_s = head + attention + lm_head_s + collectives_s
+                return gpu_s + visible_host_s(cpu_s, gpu_s, self.host_serial_share)
             return head + attention + lm_head_s + cpu_s + collectives_s + 0.0
-        return sum(self._parts(shape)) + (self.swap_time_s(shape) if swapped else 0.0)
+        parts = self._parts(shape)
+        swap_s = self.swap_time_s(shape) if swapped else 0.0
+        if self.host_serial_share < 1.0 and parts:
+            gpu_s = sum(parts) - parts[4] + swap_s
+            return gpu_s + visible_host_s(parts[4], gpu_s, self.host_serial_share)
+        return sum(parts) + swap_s
+
+    def output_lag_s(self, shape: StepShape) -> float:
+        """How long after the step's GPU time its tokens leave the engine: under async
+        scheduling the overlapped host work (output processing among it) runs while the
+        next step does, so it delays the tokens without lengthening the step; synchronous,
+        it is inside the step (0)."""
+        if self.host_serial_share >= 1.0:
+            return 0.0
+        return (1.0 - self.host_serial_share) * cpu_overhead_s(self._counts(shape)[3], self._p)
 
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:

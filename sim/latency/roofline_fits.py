@@ -55,6 +55,14 @@ class RooflineParams:
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
 
 
+# The serving system's terms, fitted on real vLLM servers (H100, `python -m calibrate.fit_serving`
+# on calibration/real_runs/, docs/real_servers.md); one value for every GPU family: the host's
+# time per step (the per-sequence term stays Vidur's), and under async scheduling the share of
+# it still serial with the GPU.
+HOST_STEP_S = 0.003
+HOST_SEQ_S = 4.13e-05
+HOST_SERIAL_SHARE = 0.0
+
 # Produced by `python -m calibrate.published.fit_roofline` (prints the train / held-out split) on
 # calibration/measured/ as its README pins it (Vidur 7d47513, LLMServingSim 5f18d86,
 # inference-sim a410740). Attention and CPU terms: see each family's fitted_on.
@@ -65,7 +73,7 @@ FAMILIES: MappingProxyType[str, RooflineParams] = MappingProxyType({
         gemm_launch_s=4.737e-06, layer_small_s=1.882e-05,
         attention_bandwidth_efficiency=0.9239, attention_compute_efficiency=0.7295,
         decode_attention_launch_s=1.474e-05, prefill_attention_launch_s=2.732e-05,
-        attention_min_s=2.38e-05, cpu_step_s=0.001433, cpu_seq_s=4.13e-05,
+        attention_min_s=2.38e-05, cpu_step_s=HOST_STEP_S, cpu_seq_s=HOST_SEQ_S,
         fitted_on="A100 stacks: Vidur Llama-2-7B/70B, Qwen-72B, Llama-3-8B, phi-2 (tp 1-2); "
                   "waves of 108 tiles (A100's SMs); attention: the hopper fit; CPU: Vidur "
                   "A100 host overheads"),
@@ -75,7 +83,7 @@ FAMILIES: MappingProxyType[str, RooflineParams] = MappingProxyType({
         gemm_launch_s=4.414e-06, layer_small_s=1.775e-05,
         attention_bandwidth_efficiency=0.9239, attention_compute_efficiency=0.7295,
         decode_attention_launch_s=1.474e-05, prefill_attention_launch_s=2.732e-05,
-        attention_min_s=2.38e-05, cpu_step_s=0.001433, cpu_seq_s=4.13e-05,
+        attention_min_s=2.38e-05, cpu_step_s=HOST_STEP_S, cpu_seq_s=HOST_SEQ_S,
         fitted_on="H100 stacks: Vidur Llama-2-7B/70B, Qwen-72B, phi-2 (tp 1-2); waves of 132 "
                   "tiles (H100's SMs); attention: inference-sim H100 decode and prefill; CPU: "
                   "Vidur A100 host overheads (no H100 host data)"),
@@ -99,6 +107,11 @@ GPU_FAMILIES: MappingProxyType[str, tuple[str, str]] = MappingProxyType({
                          "and FLOP/s"),
     "mi325x": ("hopper", "no measured kernels: H100-SXM's fit, as MI300X"),
     "mi355x": ("hopper", "no measured kernels: H100-SXM's fit, as MI300X"),
+    "rtx-pro-6000": ("hopper", "no measured kernels: H100-SXM's fit, the nearest family to "
+                               "Blackwell (as b200)"),
+    "h20": ("hopper", "no measured kernels: H100-SXM's fit, the same Hopper die cut down"),
+    "l20": ("ampere", "no measured kernels: A100's fit, the nearest family (as l40s, the same "
+                      "AD102)"),
 })
 DEFAULT_FAMILY = "hopper"
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from sim.config.attention import attended_tokens
-from sim.config.costs import allreduce_time_s, experts_touched
-from sim.config.moe import all_to_all_bytes_per_gpu
+from sim.config.costs import experts_touched
+from sim.config.link import Link, all_to_all_s, allreduce_s
+from sim.config.moe import dispatch_bytes_per_gpu
 from sim.core.plan import StepShape
 from sim.latency.roofline_layers import LayerGroup
 from sim.latency.roofline_terms import (
@@ -63,14 +64,15 @@ class RooflineParts:
     _prefill_attention: AttentionCost
     _act_bytes: float
     _attn_layers: int
+    host_serial_share: float
     _sliding_share: float
     _attn_flops_per_pair: float
     _kv_bytes_per_token: float
     _flops_per_s: float
     _bytes_per_s: float
+    _link: Link
+    _allreduces: int
     _allreduce_bytes_per_token: float
-    _allreduce_fixed_s: float
-    _all_to_all_fixed_s: float
     _memo: dict[float, tuple[float, float, float]]
     _seqs_memo: dict[tuple[float, float], tuple[float, float]]
     _decode_memo: dict[tuple[int, int], tuple[float, float, float, float]]
@@ -143,16 +145,17 @@ class RooflineParts:
         return total
 
     def _collectives_s(self, rows: float) -> float:
-        """Tensor parallelism's all-reduces; under ep each MoE layer's all-to-all."""
+        """Tensor parallelism's all-reduces of the rows' hidden states; under ep each MoE
+        layer's two all-to-alls (dispatch to the experts' GPUs, combine back), all over
+        the GPU's link (sim.config.link: its latency and bus bandwidth)."""
         if self.tp == 1:
             return 0.0
-        seconds = self._allreduce_fixed_s + allreduce_time_s(
-            rows * self._allreduce_bytes_per_token, self.tp, self.hardware)
-        if self.ep > 1:  # dispatch to the experts' GPUs and combine, per MoE layer
+        seconds = self._allreduces * allreduce_s(
+            self._link, rows * self._allreduce_bytes_per_token, self.tp)
+        if self.ep > 1:
             m = self.model
-            seconds += self._all_to_all_fixed_s + m.moe_layers * all_to_all_bytes_per_gpu(
-                rows, m.experts_per_token, m.hidden_size, self._act_bytes,
-                self.ep) / self.hardware.interconnect_bandwidth_bytes_per_s
+            seconds += 2 * m.moe_layers * all_to_all_s(self._link, dispatch_bytes_per_gpu(
+                rows, m.experts_per_token, m.hidden_size, self._act_bytes, self.ep), self.ep)
         return seconds
 
     def _attention_s(self, decode: tuple[float, float], prefill: tuple[float, float]

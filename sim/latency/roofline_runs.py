@@ -14,6 +14,7 @@ import numpy as np
 from sim.core.decode_run import constant
 from sim.core.plan import StepShape
 from sim.latency.roofline_parts import RooflineParts
+from sim.latency.runs import each_step_s
 
 # A run this long or longer is priced in numpy; shorter in plain floats (same floats):
 # about where numpy's ~1 us per operation costs what a plain step's ~0.2 us does.
@@ -35,6 +36,8 @@ class RooflineRuns(RooflineParts):
         A decode's pairs and KV tokens are the same float (context + n), so the larger of
         its compute and HBM time is that float times the larger per-pair/per-token cost:
         a rounded product never decreases when a positive factor grows."""
+        if self.host_serial_share < 1.0:  # async host terms: the reference, step by step
+            return each_step_s(self.step_time, shape, steps)
         n, layers = shape.num_decodes, self._attn_layers
         # _attention_s and AttentionCost.seconds inlined (the hot loop of a run), operation
         # for operation

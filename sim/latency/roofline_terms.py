@@ -21,8 +21,9 @@ processing), part of it per sequence. Each term here prices one of those:
   each a launch of its own plus max(FLOPs over its query-key pairs, KV
   bytes read), at attention's efficiencies, and never under a minimum;
 - lm_head is a GEMM like any other; sampling reads and writes fp32 logits;
-- CPU overhead: a per-step and a per-sequence term (serial with the GPU, as
-  in vLLM's engine loop).
+- CPU overhead: a per-step and a per-sequence term; serial with the GPU in
+  a synchronous engine, mostly overlapped with it under async scheduling
+  (`visible_host_s`).
 
 Prefill stays compute-bound and decode memory-bound because of the shapes:
 a step reads each weight once however many rows it multiplies.
@@ -239,3 +240,15 @@ def sampling_s(dims: LayerDims, seqs: Any, bytes_per_s: float, params: RooflineP
 def cpu_overhead_s(seqs: Any, params: RooflineParams) -> Any:
     """Host time around one step of `seqs` sequences."""
     return params.cpu_step_s + params.cpu_seq_s * seqs
+
+
+def visible_host_s(host_s: float, gpu_s: float, serial_share: float) -> float:
+    """The host time a step adds to its GPU time under async scheduling.
+
+    vLLM's async engine core schedules and prepares step n+1, and processes step n-1's
+    outputs, while step n runs on the GPU. A `serial_share` of the host's work still
+    waits on the GPU (and the GPU on it); the rest overlaps and costs time only where it
+    outlasts the GPU's step. serial_share = 1 is the synchronous engine: all of it."""
+    overlapped_s = (1.0 - serial_share) * host_s
+    excess_s = overlapped_s - gpu_s
+    return serial_share * host_s + (excess_s if excess_s > 0.0 else 0.0)

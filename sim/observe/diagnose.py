@@ -12,7 +12,10 @@ TTFT = first token - arrival is split into parts that sum to it exactly:
   computed its prompt; `preempt`, the wait from each preemption to re-admission
   plus its share of steps spent recomputing KV it had lost; `shared`, the rest:
   other sequences' shares of its prefill steps, padding, and steps it sat in
-  the running set without tokens (chunked interleaving).
+  the running set without tokens (chunked interleaving);
+- outside the engine's steps: `frontend`, the serving frontend's time before the
+  engine has the request (API server, tokenization) and after its first token's
+  step (the async output lag, detokenization, the stream write).
 A shared step's duration is split in proportion to the tokens each sequence
 computes in it (a chunk counts its tokens, a decode one per position); padded
 tokens and slots belong to no one and fall to `shared`. Why tokens: the linear
@@ -51,7 +54,7 @@ if TYPE_CHECKING:
 
 # the parts, in the order they are printed; they sum to ttft_ms
 TTFT_PARTS = ("ttft_queue_ms", "ttft_batch_fill_ms", "ttft_kv_wait_ms", "ttft_prefill_ms",
-              "ttft_shared_ms", "ttft_preempt_ms")
+              "ttft_shared_ms", "ttft_preempt_ms", "ttft_frontend_ms")
 # context for the words: requests waiting ahead and running at its arrival, its prefill
 # steps and the other sequences sharing them on average
 _FLOAT_COLUMNS = (*TTFT_PARTS, "prefix_saved_ms", "mean_others_in_prefill")
@@ -69,6 +72,7 @@ class _Pending:
     ahead: int
     running: int
     prompt: int
+    in_s: float = 0.0  # the frontend's input terms: client send to engine arrival
     admit_s: float = -1.0
     idle_wait_s: float = 0.0
     kv_wait_s: float = 0.0
@@ -83,9 +87,9 @@ class _Pending:
     saved_s: float = 0.0
 
 
-# what a request's arrival left: arrival, idle clock, KV clock (s); queue ahead, running
-# at arrival, prompt tokens (the first six fields of a _Pending)
-_Arrived = tuple[float, float, float, int, int, int]
+# what a request's arrival left: engine arrival, idle clock, KV clock (s); queue ahead,
+# running at arrival, prompt tokens; the frontend's input time (s) (a _Pending's first seven)
+_Arrived = tuple[float, float, float, int, int, int, float]
 
 
 class _Waiting:
@@ -104,7 +108,7 @@ class _Waiting:
     def __init__(self) -> None:
         self._head = 0  # the oldest record still waiting
         self._rids = array("q")  # ascending
-        self._floats = array("d")  # arrival, idle clock, KV clock at arrival; 3 a record
+        self._floats = array("d")  # arrival, idle clock, KV clock, frontend in; 4 a record
         self._ints = array("q")  # queue ahead, running at arrival, prompt tokens; 3 a record
         self._aside: dict[int, _Arrived] = {}
 
@@ -112,13 +116,13 @@ class _Waiting:
         return len(self._rids) - self._head + len(self._aside)
 
     def add(self, rid: int, arrival_s: float, idle0_s: float, kv0_s: float, ahead: int,
-            running: int, prompt: int) -> None:
+            running: int, prompt: int, in_s: float) -> None:
         rids = self._rids
         if len(rids) > self._head and rid <= rids[-1]:
-            self._aside[rid] = (arrival_s, idle0_s, kv0_s, ahead, running, prompt)
+            self._aside[rid] = (arrival_s, idle0_s, kv0_s, ahead, running, prompt, in_s)
             return
         rids.append(rid)
-        self._floats.extend((arrival_s, idle0_s, kv0_s))
+        self._floats.extend((arrival_s, idle0_s, kv0_s, in_s))
         self._ints.extend((ahead, running, prompt))
 
     def pop(self, rid: int) -> _Arrived | None:
@@ -134,25 +138,29 @@ class _Waiting:
         record = self._record(at)
         self._head = at + 1
         if 2 * self._head > len(rids) > 1024:
-            del rids[:self._head], self._floats[:3 * self._head], self._ints[:3 * self._head]
+            del rids[:self._head], self._floats[:4 * self._head], self._ints[:3 * self._head]
             self._head = 0
         return record
 
     def _record(self, i: int) -> _Arrived:
-        f, n, j = self._floats, self._ints, 3 * i
-        return f[j], f[j + 1], f[j + 2], n[j], n[j + 1], n[j + 2]
+        f, n, j, k = self._floats, self._ints, 3 * i, 4 * i
+        return f[k], f[k + 1], f[k + 2], n[j], n[j + 1], n[j + 2], f[k + 3]
 
 
 class TTFTDiagnoser:
     """Accumulates the TTFT parts of every request of one replica (see the module docstring)."""
 
     __slots__ = ("clock", "scheduler", "step_time", "_waiting", "_pending", "_floats", "_ints",
-                 "_ready")
+                 "_ready", "delivery_s")
 
     def __init__(self, clock: WaitClock, scheduler: Scheduler,
-                 step_time: Callable[[StepShape], float], hand_off: bool = False) -> None:
+                 step_time: Callable[[StepShape], float], hand_off: bool = False,
+                 delivery_s: Callable[[StepShape], float] | None = None) -> None:
         """`hand_off`: each row waits in memory only until `take` collects it (a streamed
-        requests.csv); else every row is kept for `frame`."""
+        requests.csv); else every row is kept for `frame`. `delivery_s`: how long after a
+        step's GPU time its tokens reach the client (the async output lag and the
+        frontend's output terms; None: at once)."""
+        self.delivery_s = delivery_s
         self.clock = clock
         self.scheduler = scheduler
         self.step_time = step_time
@@ -167,7 +175,7 @@ class TTFTDiagnoser:
         idle_s, kv_s = self.clock.at(now_s)
         sched = self.scheduler
         self._waiting.add(request.request_id, now_s, idle_s, kv_s, sched.num_waiting - 1,
-                          sched.num_running, request.prompt_tokens)
+                          sched.num_running, request.prompt_tokens, now_s - request.arrival_s)
 
     def on_step(self, start_s: float, duration_s: float, plan: StepPlan) -> None:
         pending, waiting = self._pending, self._waiting
@@ -186,6 +194,7 @@ class TTFTDiagnoser:
         per_token_s = duration_s / (real + pad)
         others = len(news) - 1
         contexts, emits = plan.context_tokens, plan.emits_token
+        out_s = self.delivery_s(shape) if self.delivery_s is not None else 0.0
         for i in compress(range(len(news)), plan.is_prefill):
             rid = plan.request_ids[i]
             p = pending.get(rid)
@@ -196,7 +205,7 @@ class TTFTDiagnoser:
                     continue  # past its first token (a re-prefill after preemption)
                 if emits[i]:  # admitted and first token in this step: nothing kept between
                     self._at_once(rid, arrived, start_s, start_s + duration_s, new, context,
-                                  per_token_s, others)
+                                  per_token_s, others, out_s)
                     continue
                 p = pending[rid] = _Pending(*arrived)
             if p.admit_s < 0.0:
@@ -213,7 +222,7 @@ class TTFTDiagnoser:
             p.steps += 1
             p.others += others
             if emits[i]:
-                self._finish(plan.request_ids[i], p, start_s + duration_s)
+                self._finish(plan.request_ids[i], p, start_s + duration_s, out_s)
 
     def _admitted(self, p: _Pending, start_s: float, context: int) -> None:
         idle_s, kv_s = self.clock.at(start_s)
@@ -233,33 +242,35 @@ class TTFTDiagnoser:
         return max(0.0, whole - rest)
 
     def _at_once(self, rid: int, arrived: _Arrived, start_s: float, first_token_s: float,
-                 new: int, context: int, per_token_s: float, others: int) -> None:
+                 new: int, context: int, per_token_s: float, others: int, out_s: float
+                 ) -> None:
         """A request first admitted in the step that gives its first token (most are): the
         row on_step and _finish would give through a _Pending, the same floats."""
-        arrival_s, idle0_s, kv0_s, ahead, running, prompt = arrived
+        arrival_s, idle0_s, kv0_s, ahead, running, prompt, in_s = arrived
         idle_s, kv_s = self.clock.at(start_s)
         saved_s = self._saved_s(prompt, context) if context else 0.0
         # a fresh record's sums (0.0) plus this step's shares: nothing to recompute
         self._row(rid, arrival_s, start_s, idle_s - idle0_s, kv_s - kv0_s,
                   0.0 + new * per_token_s, 0.0 + 0 * per_token_s, 0.0, saved_s, 0 + others, 1,
-                  ahead, running, first_token_s)
+                  ahead, running, first_token_s, in_s + out_s)
 
-    def _finish(self, rid: int, p: _Pending, first_token_s: float) -> None:
+    def _finish(self, rid: int, p: _Pending, first_token_s: float, out_s: float) -> None:
         del self._pending[rid]
         self._row(rid, p.arrival_s, p.admit_s, p.idle_wait_s, p.kv_wait_s, p.own_s,
                   p.recompute_s, p.preempt_s, p.saved_s, p.others, p.steps, p.ahead, p.running,
-                  first_token_s)
+                  first_token_s, p.in_s + out_s)
 
     def _row(self, rid: int, arrival_s: float, admit_s: float, idle_wait_s: float,
              kv_wait_s: float, own_s: float, recompute_s: float, preempt_s: float,
              saved_s: float, others: int, steps: int, ahead: int, running: int,
-             first_token_s: float) -> None:
+             first_token_s: float, frontend_s: float) -> None:
         """Request `rid`'s row (COLUMNS' values) from its sums, handed off or kept."""
         wait_s = admit_s - arrival_s
         running_s = first_token_s - admit_s
         floats = ((wait_s - idle_wait_s - kv_wait_s) * 1e3, idle_wait_s * 1e3, kv_wait_s * 1e3,
                   own_s * 1e3, (running_s - own_s - recompute_s - preempt_s) * 1e3,
-                  (preempt_s + recompute_s) * 1e3, saved_s * 1e3, others / steps)
+                  (preempt_s + recompute_s) * 1e3, frontend_s * 1e3, saved_s * 1e3,
+                  others / steps)
         if self._ready is not None:
             self._ready[rid] = (*floats, ahead, running, steps)
             return

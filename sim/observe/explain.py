@@ -20,6 +20,7 @@ PART_LABELS = {
     "ttft_prefill_ms": "its own prefill compute",
     "ttft_shared_ms": "others' work in its steps",
     "ttft_preempt_ms": "preemption + recompute",
+    "ttft_frontend_ms": "API server, tokenizer, output lag and stream",
 }
 REQUEST_LEVEL = ("static", "dynamic")
 

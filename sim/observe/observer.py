@@ -25,9 +25,10 @@ class ReplicaObserver:
     __slots__ = ("clock", "diagnoser", "tracer")
 
     def __init__(self, scheduler: Scheduler, step_time: Callable[[StepShape], float],
-                 traced: frozenset[int] = frozenset(), hand_off: bool = False) -> None:
+                 traced: frozenset[int] = frozenset(), hand_off: bool = False,
+                 delivery_s: Callable[[StepShape], float] | None = None) -> None:
         self.clock = WaitClock(scheduler)
-        self.diagnoser = TTFTDiagnoser(self.clock, scheduler, step_time, hand_off)
+        self.diagnoser = TTFTDiagnoser(self.clock, scheduler, step_time, hand_off, delivery_s)
         self.tracer = RequestTracer(self.clock, traced) if traced else None
 
     def on_arrival(self, request: Request, now_s: float) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.assemble import build_latency, build_replica, kv_budget
+from sim.assemble import build_latency, build_replica, kv_budget, synchronous
 from sim.config.scenario import Scenario
 from sim.core.request import Request
 from sim.latency.draft import with_draft
@@ -70,7 +70,9 @@ def replayed_requests(measured: Sequence[Measured], workload: Sequence[Request]
 
 def simulate_measured(scenario: Scenario, requests: Sequence[Request],
                       base_dir: Path | None = None) -> dict[str, Any]:
-    """The scenario's one replica serving exactly `requests`; its summary."""
+    """The scenario's one replica serving exactly `requests`, stepped synchronously as
+    `servesim serve` steps it; its summary."""
+    scenario = synchronous(scenario)
     budget = kv_budget(scenario)
     parts = build_replica(scenario, budget)
     latency = with_draft(scenario, build_latency(scenario, base_dir))

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.assemble import build_latency, build_replica, kv_budget
+from sim.assemble import build_latency, build_replica, kv_budget, synchronous
 from sim.config.scenario import Scenario
 from sim.core.drive import EMPTY
 from sim.core.kv import KVBudget, KVManager
@@ -122,7 +122,10 @@ class SimulatedBackend:
 
 def build_simulated(scenario: Scenario, tokenizer: Tokenizer, base_dir: Path | None = None
                     ) -> SimulatedBackend:
-    """The scenario's one replica (sim.assemble), with its latency model and speculation."""
+    """The scenario's one replica (sim.assemble), with its latency model and speculation. The
+    loop steps it synchronously, and its real HTTP stack, tokenizer and detokenizer are the
+    frontend a client sees (nothing is slept for them)."""
+    scenario = synchronous(scenario)
     budget = kv_budget(scenario)
     parts = build_replica(scenario, budget)
     latency = with_draft(scenario, build_latency(scenario, base_dir))

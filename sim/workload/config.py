@@ -32,6 +32,7 @@ from sim.workload.lengths import LengthSpec, sample_lengths
 from sim.workload.prefixes import IdSource, SharedPrefix, shared_prompt
 
 if TYPE_CHECKING:  # a trace's and a conversation's modules load when one is asked for
+    from sim.workload.prompt_groups import PromptGroups
     from sim.workload.trace import Trace
 
 __all__ = [
@@ -95,6 +96,37 @@ def _synthetic(
                     prefix_block_ids=block_ids,
                     prefix_unit_tokens=prefix.unit_tokens,
                 )
+            request_id += 1
+
+
+def _grouped(
+    process: ArrivalProcess,
+    prompt_spec: LengthSpec,
+    output_spec: LengthSpec,
+    groups: PromptGroups,
+    seed: int,
+    limit: float,
+    end_s: float,
+    chunk_size: int,
+) -> Iterator[Request]:
+    """Prompts of `groups` in a cycle; arrivals and lengths draw from the same child streams as
+    an independent workload's, so only the prompts' content and repeats differ."""
+    arrivals_rng, prompt_rng, output_rng, _ = (
+        np.random.default_rng(child) for child in np.random.SeedSequence(seed).spawn(4)
+    )
+    from sim.workload.prompt_groups import PromptCycle
+
+    cycle = PromptCycle(groups)
+    request_id = 0
+    for times_s in arrival_chunks_s(process, arrivals_rng, chunk_size):
+        prompts = sample_lengths(prompt_spec, prompt_rng, chunk_size).tolist()
+        outputs = sample_lengths(output_spec, output_rng, chunk_size).tolist()
+        for arrival_s, drawn, output in zip(times_s.tolist(), prompts, outputs, strict=True):
+            if request_id >= limit or arrival_s >= end_s:
+                return
+            tokens, block_ids = cycle.prompt(request_id, drawn)
+            yield Request(request_id, arrival_s, tokens, output, prefix_block_ids=block_ids,
+                          prefix_unit_tokens=groups.unit_tokens)
             request_id += 1
 
 
@@ -171,6 +203,17 @@ def make_requests(
         spec = conversation_spec(cfg, base_dir)
         turns = conversation_turns(spec, process, seed, limit, end_s, chunk_size)
         return (turn.request for turn in turns)
+    if cfg.prompt_groups is not None:
+        from sim.workload.prompt_groups import PromptGroups
+
+        pg = cfg.prompt_groups
+        return _grouped(
+            process,
+            length_spec(cfg.prompt_tokens, "prompt", base_dir, cfg.tokenizer),
+            length_spec(cfg.output_tokens, "output", base_dir, cfg.tokenizer),
+            PromptGroups(pg.groups, pg.prompts_per_group, pg.system_tokens, cfg.unit_tokens),
+            seed, limit, end_s, chunk_size,
+        )
     return _synthetic(
         process,
         length_spec(cfg.prompt_tokens, "prompt", base_dir, cfg.tokenizer),

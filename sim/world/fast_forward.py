@@ -23,19 +23,20 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
 
-from sim.core.decode_run import DecodeRun, RunSegment, constant, split_part
+from sim.core.decode_run import DecodeRun, RunSegment, constant, decode_shape, split_part
+from sim.core.plan import StepShape
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
 from sim.observe.trace import StepObserver
 from sim.results.record.recorder import RunRecorder
 from sim.results.record.recording import record_decode_run
-from sim.world.fleet_log import FleetLog, LogSource, emit_run, emit_step
+from sim.world.fleet_log import FleetLog, LogSource, _DecodeStep, emit_run, emit_step
 
 
 @dataclass(slots=True)
@@ -73,6 +74,12 @@ class RunInProgress:
     duration_s: np.ndarray
     step_end_s: list[float]
     finish_steps: list[int]  # the steps some finish in, not yet applied
+    # each step's tokens as the client gets them: step_end_s plus the frontend's output terms
+    # (the same list when those are 0)
+    finish_s: Sequence[float] = field(default_factory=list)
+    # async scheduling: the run's parts carry their blocks after their last step too
+    # (apply_run_ahead), recorded as each step's blocks used
+    ahead: bool = False
     applied: int = 0
     recorded: int = 0
     unrecorded: list[RunSegment] = field(default_factory=list)  # applied, not recorded
@@ -96,6 +103,7 @@ class ReplicaFastForward:
     _run_feed: list | None
     _run: RunInProgress | None
     _source: LogSource
+    delivery_s: float  # the frontend's output terms: a token reaches the client this late
     # and Replica._log, which hands steps to the fleet's log
 
     def catch_up(self, record: bool = False) -> None:
@@ -147,8 +155,19 @@ class ReplicaFastForward:
             steps = min(steps, bisect.bisect_left(step_end_s, at_s) + 1)
             del step_end_s[steps:]
         self._run_arrivals = []
+        out_s = self.delivery_s
+        finish_steps = [segment[0] - 1 for segment in run.segments if segment[0] <= steps]
+        ahead = bool(getattr(self.scheduler, "async_scheduling", False))
+        if ahead:  # its last plan is made during its last step: the run is cut first
+            if steps < run.steps:
+                run = run._replace(steps=steps, segments=tuple(
+                    segment for segment in run.segments if segment[0] < steps))
+            finish_s: Sequence[float] = _LaggedEnds(step_end_s, out_s, getattr(
+                self.latency, "output_lag_s", None), run)
+        else:
+            finish_s = [t + out_s for t in step_end_s] if out_s else step_end_s
         self._run = RunInProgress(run, recorders, ends_s, duration_s, step_end_s,
-                             [segment[0] - 1 for segment in run.segments if segment[0] <= steps])
+                                  finish_steps, finish_s=finish_s, ahead=ahead)
         if self.observer is not None:
             self._run_feed = [ends_s[:steps], duration_s[:steps], run.kv_blocked, 0]
         if behind:
@@ -216,7 +235,7 @@ class ReplicaFastForward:
         if upto <= state.applied:
             return
         state.unrecorded += self.scheduler.advance_decodes(state.run, state.applied, upto,
-                                                           state.step_end_s)
+                                                           state.finish_s)
         state.applied = upto
         while state.finish_steps and state.finish_steps[0] < upto:
             del state.finish_steps[0]
@@ -238,7 +257,7 @@ class ReplicaFastForward:
                                       else math.inf)
         run, ends_s, duration_s = state.run, state.ends_s, state.duration_s
         if state.applied > upto:  # the steps from `upto` on are recorded later
-            ran, state.unrecorded = _split_at(state.unrecorded, upto)
+            ran, state.unrecorded = _split_at(state.unrecorded, upto, int(state.ahead))
         else:
             ran, state.unrecorded = state.unrecorded, []
         if self._run_arrivals:  # joined the queue by each step's end
@@ -250,7 +269,10 @@ class ReplicaFastForward:
         recorders, done, log = state.recorders, 0, self.fleet_log
         for segment in ran:
             a, k = segment.start, segment.run.steps
-            if k:
+            if k and state.ahead:
+                _record_ahead(recorders, segment.run, ends_s[a:a + k], duration_s[a:a + k],
+                              waiting[a - begin:a - begin + k])
+            elif k:
                 queued_each = waiting[a - begin:a - begin + k]
                 record_decode_run(recorders, segment.run, ends_s[a:a + k], duration_s[a:a + k],
                                   queued_each)
@@ -293,14 +315,57 @@ class ReplicaFastForward:
             feed[3] = upto
 
 
-def _split_at(ran: list[RunSegment], upto: int) -> tuple[list[RunSegment], list[RunSegment]]:
-    """What ran before step `upto`, and from it on (no finisher's step from `upto` on)."""
+def _split_at(ran: list[RunSegment], upto: int, extra: int = 0
+              ) -> tuple[list[RunSegment], list[RunSegment]]:
+    """What ran before step `upto`, and from it on (no finisher's step from `upto` on);
+    `extra`: see split_part."""
     for j, segment in enumerate(ran):
         if segment.start >= upto:
             return ran[:j], ran[j:]
         if segment.start + segment.run.steps > upto:
             assert segment.finish is None
-            head, tail = split_part(segment.run, upto - segment.start)
+            head, tail = split_part(segment.run, upto - segment.start, extra)
             return ran[:j] + [RunSegment(segment.start, head, None)], \
                 [RunSegment(upto, tail, None)] + ran[j + 1:]
     return ran, []
+
+
+class _LaggedEnds:
+    """A run's finish times under async scheduling, read at its finishers' steps only: as
+    the step-by-step world stamps them, the step's end plus the frontend's output terms,
+    plus the output lag of the step's shape (sim.latency.roofline.output_lag_s)."""
+
+    __slots__ = ("_ends_s", "_out_s", "_lag", "_run")
+
+    def __init__(self, ends_s: list[float], out_s: float,
+                 lag: Callable[[StepShape], float] | None, run: DecodeRun) -> None:
+        self._ends_s, self._out_s, self._lag, self._run = ends_s, out_s, lag, run
+
+    def __len__(self) -> int:
+        return len(self._ends_s)
+
+    def __getitem__(self, s: int) -> float:
+        done_s = self._ends_s[s] + self._out_s
+        if self._lag is not None:
+            for start, length, shape in self._run.segment_lengths():
+                if s < start + length:
+                    done_s += self._lag(decode_shape(shape, s - start))
+                    break
+        return done_s
+
+
+def _record_ahead(recorders: tuple[RunRecorder, ...], part: DecodeRun, start_s: np.ndarray,
+                  duration_s: np.ndarray, waiting: np.ndarray) -> None:
+    """A run part's plain steps under async scheduling, as record_step records each: the
+    blocks held while a step runs, and used after it (the next plan's taken: its
+    kv_blocks_used has one entry more than its steps, apply_run_ahead)."""
+    shape = part.shape
+    n, total, bs = shape.num_decodes, shape.decode_context_sum, part.block_size
+    ids, new = range(n), (n,)
+    blocks = part.kv_blocks_used.tolist()
+    starts, durations, queued = start_s.tolist(), duration_s.tolist(), waiting.tolist()
+    for recorder in recorders:
+        record = recorder.record_step
+        for k, step_s in enumerate(durations):
+            record(starts[k], step_s, _DecodeStep(ids, shape, (total + k * n,), new),  # type: ignore[arg-type]
+                   queued[k], n, blocks[k + 1], blocks[k] * bs)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import simpy
 
+from sim.config.frontend import Frontend
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
@@ -46,10 +47,16 @@ class _Arrival(simpy.Event):
 
 def _arrivals(env: simpy.Environment, requests: Iterable[Request],
               route: Callable[[Request], Replica], replicas: Sequence[Replica],
-              next_arrival: NextArrival, log: FleetLog | None):  # noqa: ANN202
+              next_arrival: NextArrival, log: FleetLog | None,
+              frontend: Frontend | None):  # noqa: ANN202
     for request in requests:
-        next_arrival.at_s = request.arrival_s
-        delay_s = request.arrival_s - env.now
+        # the engine gets a request after the frontend's API server and tokenizer (never
+        # before an earlier request: a shorter prompt right behind a long one waits for it)
+        at_s = request.arrival_s if frontend is None else (
+            request.arrival_s + frontend.api_server_s
+            + frontend.tokenize_s_per_token * request.prompt_tokens)
+        next_arrival.at_s = at_s
+        delay_s = at_s - env.now
         if delay_s > 0:
             yield _Arrival(env, delay_s)
         if log is not None:
@@ -65,11 +72,15 @@ def _arrivals(env: simpy.Environment, requests: Iterable[Request],
 def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup],
                    router: Router | None, rng: np.random.Generator | None,
                    fleet_recorder: RunRecorder,
-                   on_done: Callable[[int], None] | None = None) -> float:
+                   on_done: Callable[[int], None] | None = None,
+                   frontend: Frontend | None = None) -> float:
     """Run replicas behind `router` to completion; returns the simulated end time in seconds.
 
     Every request and step goes to its replica's recorder and to `fleet_recorder`
     (once, when a replica's recorder is the fleet's). One replica skips the router.
+    `frontend` (sim.config.frontend): requests reach the engine after its input terms,
+    and tokens the client after its output terms, so every recorded time is the
+    client's (None: the engine's own, as the real engine's replay records them).
     """
     if not setups:
         raise ValueError("a fleet needs at least one replica")
@@ -82,7 +93,9 @@ def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup],
         s.fast_forward for s in setups) and not getattr(router, "reads_kv", True) else None
     replicas = [Replica(env, s.scheduler, s.latency, s.recorder, on_done, s.kv,
                         None if s.recorder is fleet_recorder else fleet_recorder, s.speculate,
-                        s.observer, s.fast_forward, next_arrival, log)
+                        s.observer, s.fast_forward, next_arrival, log,
+                        frontend.detokenize_s_per_token + frontend.stream_s_per_token
+                        if frontend is not None else 0.0)
                 for s in setups]
     for replica in replicas:
         env.process(replica.run())
@@ -98,7 +111,7 @@ def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup],
 
         def route(request: Request) -> Replica:
             return replicas[choose(request, replicas, rng)]
-    env.process(_arrivals(env, requests, route, replicas, next_arrival, log))
+    env.process(_arrivals(env, requests, route, replicas, next_arrival, log, frontend))
     env.run()
     if log is not None:
         log.flush(math.inf)
@@ -107,11 +120,13 @@ def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup],
 
 def simulate(requests: Iterable[Request], scheduler: Scheduler, latency: LatencyModel,
              recorder: RunRecorder, on_done: Callable[[int], None] | None = None,
-             observer: StepObserver | None = None, fast_forward: bool = True) -> float:
+             observer: StepObserver | None = None, fast_forward: bool = True,
+             frontend: Frontend | None = None) -> float:
     """Run one replica to completion; returns the simulated end time in seconds.
 
-    `fast_forward=False` spends an event on every step (the oracle for the default)."""
+    `fast_forward=False` spends an event on every step (the oracle for the default);
+    `frontend`: see simulate_fleet."""
     setup = ReplicaSetup(scheduler, latency, recorder, observer=observer,
                          fast_forward=fast_forward)
     # one replica never consults the router, so neither a router nor an rng is needed
-    return simulate_fleet(requests, [setup], None, None, recorder, on_done)
+    return simulate_fleet(requests, [setup], None, None, recorder, on_done, frontend)

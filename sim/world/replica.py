@@ -1,5 +1,11 @@
 """One replica in the SimPy world: a scheduler, its KV pool and a latency model, step by step.
 
+Under async scheduling (vLLM's default, `scheduler.async_scheduling`) the replica plans
+step n+1 as step n is launched, from step n's placeholders, and applies step n when it
+ends, as vLLM's engine core does with a batch queue of two; step n's tokens reach the
+client after the latency model's output lag (the overlapped host work) and the
+frontend's output terms (`delivery_s`, sim.config.frontend).
+
 One event per engine step at most: a replica asks its scheduler for a plan,
 holds the simulated clock for the step's predicted latency, then applies it.
 A run of plain decode steps whose plans cannot change (sim/core/decode_run.py)
@@ -95,6 +101,9 @@ class Replica(ReplicaFastForward):
     # behind a router: the fleet's recorder gets this replica's steps through the log, in
     # step by step's global order (None: straight to fleet_recorder, one event per step)
     fleet_log: FleetLog | None = None
+    # the frontend's output terms (detokenization, stream write): each token reaches the
+    # client this long after it leaves the engine (sim.config.frontend)
+    delivery_s: float = 0.0
     _wake: simpy.Event | None = field(default=None, init=False)
     _aborts: list[int] = field(default_factory=list, init=False)  # asked during a step
     _stepping: bool = field(default=False, init=False)
@@ -192,16 +201,28 @@ class Replica(ReplicaFastForward):
             self.recorder, self.fleet_recorder)
         step_time = self.latency.step_time
         speculate, observer = self.speculate, self.observer
+        # async scheduling (vLLM's engine core with a batch queue of two): the next step is
+        # planned as this one is launched, from its placeholders, and this step's tokens leave
+        # the engine output_lag_s after its GPU time (sim.latency.roofline.output_lag_s)
+        overlap = bool(getattr(scheduler, "async_scheduling", False))
+        output_lag = getattr(self.latency, "output_lag_s", None) if overlap else None
+        ahead: StepPlan | None = None  # async: the plan made while the last step ran
+        delivery_s = self.delivery_s
         decode_run = scheduler.decode_run if (
             self.fast_forward and (observer is None or observer.takes_decode_runs)
             and speculate is None and (self.fleet_recorder is None or log is not None)
-            and self.next_arrival is not None) else None
+            and self.next_arrival is not None and not (overlap and log is not None)) else None
         while True:
             if decode_run is not None and (run := decode_run()) is not None:
+                # async: the run begins with the plan made ahead and leaves the one made
+                # during its last step outstanding
                 yield self._begin_run(run, recorders)
                 self._end_run()
+                if overlap:
+                    ahead = scheduler.ahead_plan()  # type: ignore[attr-defined]
                 continue
-            plan = scheduler.schedule(env.now)
+            plan, ahead = (ahead, None) if ahead is not None else (scheduler.schedule(env.now),
+                                                                   None)
             if plan is None:
                 self._wake = env.event()
                 wakeup_s = scheduler.next_wakeup(env.now)
@@ -227,16 +248,25 @@ class Replica(ReplicaFastForward):
             duration_s = step_time(plan.shape)
             if observer is not None:
                 observer.on_step(start_s, duration_s, plan)
+            admitted = 0  # async: queued requests the next plan took (see record_step)
+            if overlap:
+                admitted = scheduler.num_waiting
+                ahead = scheduler.schedule(env.now)
+                admitted -= scheduler.num_waiting
             self._stepping = True
             yield env.timeout(duration_s)
             self._stepping = False
             result = SCRIPTED if speculate is None else speculate(plan)
-            finished = scheduler.on_step_done(plan, result, env.now)
+            done_s = env.now + delivery_s
+            if output_lag is not None:
+                done_s += output_lag(plan.shape)
+            finished = scheduler.on_step_done(plan, result, done_s)
             record_step(recorders, scheduler, start_s, duration_s, plan, finished, held,
-                        None if speculate is None else result)
+                        None if speculate is None else result, admitted)
             if log is not None:
                 self._log([env.now], [start_s], emit_step(
-                    plan, start_s, duration_s, scheduler.num_waiting, scheduler.num_running,
+                    plan, start_s, duration_s, scheduler.num_waiting + admitted,
+                    scheduler.num_running - admitted,
                     scheduler.kv_blocks_used, held, finished,
                     None if speculate is None else result))
             if finished and self.on_done is not None:

@@ -18,11 +18,28 @@ class Scheduler(Protocol):
         ...
 
     def schedule(self, now: float) -> StepPlan | None:
-        """The next step to run, or None when nothing is runnable."""
+        """The next step to run, or None when nothing is runnable.
+
+        With `async_scheduling` it may be called while one earlier plan is still
+        outstanding (scheduled, its on_step_done not yet called), as vLLM's engine core
+        schedules step n + 1 while step n runs; never with two outstanding.
+        """
         ...
 
     def on_step_done(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
-        """Apply a finished step; returns the requests that completed in it."""
+        """Apply a finished step; returns the requests that completed in it.
+
+        With `async_scheduling` the plan must be the oldest outstanding one: steps are
+        applied in the order they were scheduled.
+        """
+        ...
+
+    @property
+    def async_scheduling(self) -> bool:
+        """vLLM's async scheduling: the world may ask for the next plan while the last runs
+        (schedule() with one plan outstanding). False: schedule() and on_step_done()
+        alternate. Read-only; the continuous policy's is the scenario's
+        `scheduler.async_scheduling`, request-level batching's always False."""
         ...
 
     def abort(self, request_id: int, now: float) -> Request | None:
@@ -31,13 +48,16 @@ class Scheduler(Protocol):
         does not hold it (finished, rejected, unknown, aborted already).
 
         Between steps only: after on_step_done() and before the next schedule(), never
-        while a scheduled plan is running (the plan still names the request).
+        while a scheduled plan is running (the plan still names the request). With
+        async scheduling a plan is always outstanding: the continuous policy then frees
+        the request at once, as vLLM does, and skips it when that plan is applied.
         """
         ...
 
     def decode_run(self, max_steps: int = 1 << 16) -> DecodeRun | None:
         """Before a schedule(): the next steps if their plans cannot change but for context
-        growth (sim/core/decode_run.py), else None. Reads only; the world may ignore it."""
+        growth (sim/core/decode_run.py), else None. Reads only; the world may ignore it.
+        None while a plan is outstanding (async scheduling)."""
         ...
 
     def advance_decodes(self, run: DecodeRun, begin: int, end: int,

@@ -145,19 +145,24 @@ def apply_run(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
 
 
 def _take_blocks(batch: RunningBatch, contexts: list[int], steps: int, kv: KVManager,
-                 paged: bool, naming: PagedBlockManager | None) -> np.ndarray:
+                 paged: bool, naming: PagedBlockManager | None, ahead: int = 0) -> np.ndarray:
     """Give the rows (computed tokens `contexts`) their blocks for the next `steps` plain
     decodes (nobody leaves in between); returns the blocks in use while each step runs.
 
     Step s grows the rows of phase s % bs, in row order: without names to give between
     two steps every row's blocks come in one call, dealt round-robin over the rows in
     phase order (every row once per whole cycle of bs steps, then those of phases < rest).
+
+    `ahead` (async scheduling, apply_run_ahead): `contexts` are the columns' computed
+    tokens plus one (each step's blocks are those of the step after it, taken as it is
+    planned while this one runs), and a step names the blocks of the rows it grows (those
+    its predecessor filled), after growing them.
     """
     bs = batch.block_size
     used0 = kv.num_used_blocks
     cycles, rest = divmod(steps, bs)
     if len(contexts) > 32:  # numpy's fixed cost is less than the loops'
-        phase = (-batch.state[COMPUTED, :len(contexts)]) % bs
+        phase = (-(batch.state[COMPUTED, :len(contexts)] + ahead)) % bs
         if not cycles and int(np.minimum.reduce(phase)) >= rest + (naming is not None):
             return constant(steps, used0)
         per_phase = np.bincount(phase, minlength=bs).tolist()
@@ -180,7 +185,7 @@ def _take_blocks(batch: RunningBatch, contexts: list[int], steps: int, kv: KVMan
         for i, table in zip(rows, grown, strict=True):
             tables[i] = table
     else:
-        _take_naming(batch, contexts, steps, kv, naming, per_phase, order)
+        _take_naming(batch, contexts, steps, kv, naming, per_phase, order, ahead)
     if not paged:
         return constant(steps, used0)
     if steps > 64:  # a long run: the cycle repeated in C
@@ -191,9 +196,11 @@ def _take_blocks(batch: RunningBatch, contexts: list[int], steps: int, kv: KVMan
 
 
 def _take_naming(batch: RunningBatch, contexts: list[int], steps: int, kv: KVManager,
-                 naming: PagedBlockManager, per_phase: list[int], order: list[int]) -> None:
+                 naming: PagedBlockManager, per_phase: list[int], order: list[int],
+                 ahead: int = 0) -> None:
     """Step by step with a prefix cache: each step's new blocks, then the blocks its
-    tokens fill named (a name given may change which block a later take evicts)."""
+    tokens fill named (a name given may change which block a later take evicts).
+    `ahead`: the blocks named are those of the rows just grown (see _take_blocks)."""
     rids, tables, bs = batch.rids, batch.tables, batch.block_size
     rows, at = [], 0
     for count in per_phase:
@@ -207,12 +214,84 @@ def _take_naming(batch: RunningBatch, contexts: list[int], steps: int, kv: KVMan
             assert grown is not None, "a decode run took more blocks than were free"
             for i, table in zip(members, grown, strict=True):
                 tables[i] = table
-        members, member_rids = rows[(s + 1) % bs]
+        if not ahead:
+            members, member_rids = rows[(s + 1) % bs]
         for i, rid in zip(members, member_rids, strict=True):
-            naming.cache_computed(rid, contexts[i] + s + 1)
+            naming.cache_computed(rid, contexts[i] + s + 1 - ahead)
 
 
 def _part(run: DecodeRun, steps: int, shape: StepShape, used: np.ndarray) -> DecodeRun:
     """`steps` steps of `run` from one with `shape`, nobody finishing, `used` blocks."""
     return DecodeRun(steps, shape, used, run.num_waiting, run.stops_at_arrival, run.block_size,
                      run.kv_blocked)
+
+
+def apply_run_ahead(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
+                    finish_s: Sequence[float], kv: KVManager, paged: bool,
+                    naming: PagedBlockManager | None,
+                    in_flight: dict[int, Request]) -> list[RunSegment]:
+    """apply_run under async scheduling (vLLM's AsyncScheduler, one plan ahead): step s of
+    `run` (its step 0 the plan outstanding when it began) is applied after the plan of
+    step s + 1 was made, as the world makes it while step s runs. So applying step s
+    first grows the tables of the rows step s + 1 runs (a row finishing in step s is
+    skipped), names the blocks step s filled for them, then names those of its finishers
+    and frees them (apply_behind's order). The parts' kv_blocks_used have one entry more
+    than their steps: the blocks in use while each step runs, then after the last one's
+    apply (the next plan's blocks taken, its finishers' freed), which is what the
+    recorders read as a step's blocks used under async scheduling."""
+    out: list[RunSegment] = []
+    bs = batch.block_size
+    for start, length, shape in run.segment_lengths():
+        if start >= end:
+            break
+        seg_end = start + length
+        if seg_end <= begin:
+            continue
+        first = start if start > begin else begin
+        stop = seg_end if seg_end < end else end
+        k = stop - first
+        if first > start:
+            shape = decode_shape(shape, first - start)
+        n = len(batch.rids)
+        state = batch.state
+        used0 = kv.num_used_blocks
+        contexts = state[COMPUTED, :n].tolist()
+        finishers: list[int] = []
+        if stop == seg_end:  # only a segment's last step has finishers
+            finishers = (state[TARGET, :n] - state[DONE, :n] == k).nonzero()[0].tolist()
+        whole = k if not finishers else k - 1  # steps whose successor runs every row
+        if whole:
+            used = _take_blocks(batch, [c + 1 for c in contexts], whole, kv, paged, naming,
+                                ahead=1)
+        else:
+            used = np.empty(0, dtype=np.int64)
+        planned = tuple(batch.tables) if finishers else ()  # the finishers' step's, as planned
+        if finishers:  # the last step: the survivors' next blocks, names, then the finishers'
+            gone = set(finishers)
+            last = k  # tokens the rows have computed once the last step is applied, less c
+            rids, tables = batch.rids, batch.tables
+            grow = [i for i in range(n) if i not in gone and not (contexts[i] + last) % bs]
+            if grow:
+                grown = kv.append_blocks([rids[i] for i in grow], len(grow))
+                assert grown is not None, "a decode run took more blocks than were free"
+                for i, table in zip(grow, grown, strict=True):
+                    tables[i] = table
+            if naming is not None:
+                for i in grow:
+                    naming.cache_computed(rids[i], contexts[i] + last)
+                for i in finishers:
+                    naming.cache_computed(rids[i], contexts[i] + last)
+        state[COMPUTED:DONE + 1] += k
+        blocks = np.empty(k + 1 - bool(finishers), dtype=np.int64)
+        blocks[0] = used0
+        blocks[1:] = used
+        if not finishers:
+            out.append(RunSegment(first, _part(run, k, shape, blocks), None))
+            continue
+        plan = StepPlan(tuple(batch.rids), (1,) * n, tuple(map((k - 1).__add__, contexts)),
+                        planned, (False,) * n, (True,) * n, decode_shape(shape, k - 1))
+        held = int(blocks[-1]) * bs
+        finished = batch.retire(finishers, finish_s[stop - 1], kv, in_flight)
+        out.append(RunSegment(first, _part(run, k - 1, shape, blocks), FinishStep(
+            plan, finished, kv.num_used_blocks, held, len(batch.rids))))
+    return out

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 
 from sim.core.kv import KVManager, PagedBlockManager
+from sim.core.plan import StepPlan
 from sim.core.request import Request, RequestState
 from sim.core.schedulers.limits import LengthLimits
 from sim.core.schedulers.plan_builder import PlanBuilder
@@ -50,6 +51,8 @@ class ContinuousAdmission:
     _blocked: tuple[Request, int] | None
     _spec: Speculation
     _batch: RunningBatch
+    _outstanding: deque[StepPlan]
+    _stale: dict[int, Request]
 
     def _never_fits(self, request: Request) -> str | None:
         reason = self.limits.never_fits(request, self.kv)
@@ -156,6 +159,9 @@ class ContinuousAdmission:
         req.num_preemptions += 1
         req.state = RequestState.WAITING
         self.waiting.appendleft(req)
+        outstanding = self._outstanding
+        if outstanding and req.request_id in outstanding[0].request_ids:
+            self._stale[req.request_id] = req  # the running step still delivers its outputs
         # with no one else running nothing will free blocks for a swap-in (a lone request
         # whose drafts outgrow the pool): recompute, as vLLM does
         if self._swap and self._paged is not None and self.running:

@@ -16,6 +16,7 @@ from sim.core.kv import KVManager
 from sim.core.schedulers.base import Scheduler
 from sim.core.schedulers.continuous import ContinuousScheduler
 from sim.core.schedulers.dynamic import DEFAULT_MAX_WAIT_S, DynamicScheduler
+from sim.core.schedulers.speculation import async_scheduling_problem
 from sim.core.schedulers.static import StaticScheduler
 
 
@@ -38,6 +39,9 @@ class SchedulerSettings(NamedTuple):
     speculative_method: str = "ngram"  # continuous: "ngram" or "draft_model" (speculation.py)
     cuda_graphs: bool = False  # continuous: pad decode-only steps to CUDA-graph batch sizes
     scheduler_reserve_full_isl: bool = True  # continuous: vLLM's full-sequence admission check
+    # continuous: vLLM's async scheduling (resolve_async_scheduling turns a scenario's
+    # true / false / None into this)
+    async_scheduling: bool = False
 
 
 class Policy(NamedTuple):
@@ -57,7 +61,30 @@ def _continuous(kv: KVManager, s: SchedulerSettings) -> Scheduler:
                                preemption=s.preemption, speculative_tokens=s.speculative_tokens,
                                speculative_method=s.speculative_method,
                                scheduler_reserve_full_isl=s.scheduler_reserve_full_isl,
-                               cuda_graphs=s.cuda_graphs)
+                               cuda_graphs=s.cuda_graphs, async_scheduling=s.async_scheduling)
+
+
+def resolve_async_scheduling(requested: bool | None, policy: str, preemption: str,
+                             speculative_tokens: int, speculative_method: str) -> bool:
+    """A scenario's `scheduler.async_scheduling` as the scheduler runs it.
+
+    None (the default) is vLLM's default: on for the continuous policy unless its
+    settings run synchronously (n-gram speculative decoding, which vLLM 0.32's
+    VllmConfig refuses under async scheduling; servesim's swap preemption), off for
+    request-level batching. An explicit true those settings refuse is an error.
+    """
+    problem = None
+    if policy != "continuous":
+        problem = f"policy {policy!r} has no async mode (request-level batching)"
+    else:
+        problem = async_scheduling_problem(preemption, speculative_tokens, speculative_method)
+    if requested is None:
+        return problem is None
+    if requested and problem is not None:
+        raise ValueError(f"scheduler.async_scheduling: true is not allowed here: {problem}; "
+                         "set it false, or omit it (then it is on where vLLM would run "
+                         "asynchronously)")
+    return requested
 
 
 def _request_level(kv: KVManager, s: SchedulerSettings) -> ContiguousAllocator:

@@ -18,9 +18,17 @@ from collections.abc import Callable
 import numpy as np
 
 from sim.core.kv import KVManager, PagedBlockManager
+from sim.core.plan import StepPlan
 from sim.core.request import Request
 from sim.core.schedulers.plan_builder import PlanBuilder
-from sim.core.schedulers.running_columns import COMPUTED, DONE, KNOWN, PREFILLING, RunningColumns
+from sim.core.schedulers.running_columns import (
+    COMPUTED,
+    DONE,
+    KNOWN,
+    PREFILLING,
+    TARGET,
+    RunningColumns,
+)
 
 # up to this many rows a Python pass over a column's list beats numpy's cost per call
 FEW_ROWS = 32
@@ -105,6 +113,117 @@ class RunningBatch(RunningColumns):
         self._fill(step, count, computed, new, remaining, spec_tokens)
         return left
 
+    def schedule_running_ahead(self, budget: int, kv: KVManager, step: PlanBuilder,
+                               preempt: Callable[[Request], None], preempted: list[int],
+                               naming: PagedBlockManager | None, ahead: StepPlan,
+                               max_model_len: int | None) -> int:
+        """schedule_running while `ahead`, the last plan, still runs (vLLM's async scheduling).
+
+        vLLM's AsyncScheduler counts an outstanding step optimistically: its tokens as
+        computed, one output placeholder per sequence it makes emit (plus its drafts),
+        and k draft placeholders for such a sequence's next step. Here those counts are
+        derived from `ahead` (the columns hold what has been applied), and vLLM's running
+        pass follows with them: a sequence whose outstanding step surely reaches its
+        output length is skipped (the next ones still run), so is one that
+        max_model_len leaves no position; the rest is schedule_running's rule. The
+        rows that got tokens are left in `rows` (ascending, not all of the first ones),
+        the block names capped at the tokens delivered (vLLM's `cache_blocks` at
+        allocation, `min(computed + new, num_tokens)`).
+        """
+        self._admitted = []
+        self._held = []
+        self._all_decode = False
+        self._first_rows = []
+        self.prefill_scheduled = False
+        n = len(self.reqs)
+        if n == 0:
+            self._count, self._new, self._covers_all, self.rows = 0, None, True, []
+            return budget
+        state, spec = self.state, self.spec
+        k = spec.k
+        # the outstanding step's sequences still running (the others finished or were
+        # preempted since): the tokens it computes, whether it emits, the outputs (+ drafts)
+        # it will deliver
+        new_a = np.array(ahead.num_new_tokens, dtype=np.int64)
+        emits_a = np.array(ahead.emits_token, dtype=bool)
+        place_a = emits_a.astype(np.int64)
+        if ahead.num_spec_tokens:
+            place_a += np.where(emits_a, np.array(ahead.num_spec_tokens, dtype=np.int64), 0)
+        mapped = self.plan_rows(ahead.request_ids)
+        if mapped is None:
+            in_ahead = np.ones(n, dtype=bool)
+            emitted_ahead, inflight, placeholders = emits_a, new_a, place_a
+        else:
+            positions, at, _ = mapped
+            in_ahead = np.zeros(n, dtype=bool)
+            emitted_ahead = np.zeros(n, dtype=bool)
+            inflight = np.zeros(n, dtype=np.int64)
+            placeholders = np.zeros(n, dtype=np.int64)
+            in_ahead[at] = True
+            emitted_ahead[at] = emits_a[positions]
+            inflight[at] = new_a[positions]
+            placeholders[at] = place_a[positions]
+        computed = state[COMPUTED, :n] + inflight
+        delivered = state[KNOWN, :n]
+        done = state[DONE, :n]
+        remaining = delivered + placeholders - computed
+        # the sequence's last scheduled step emitted (vLLM: it is not a prefill chunk)
+        emitted_last = np.where(in_ahead, emitted_ahead, done > 0)
+        want = remaining.copy()
+        drafts = None
+        if k:
+            settled = (remaining == 1) & (done > 0) & (state[PREFILLING, :n] == 0)
+            drafts = np.where(np.where(in_ahead, emitted_ahead, settled), k, 0)
+            want += drafts
+        if max_model_len is not None:
+            want = np.minimum(want, max_model_len - computed - 1)
+        # vLLM: skip when the outstanding step reaches max_tokens even if every draft fails
+        sure_end = (placeholders > 0) & (computed + 2 - placeholders
+                                         >= delivered - done + state[TARGET, :n])
+        want = np.where(sure_end, 0, np.maximum(want, 0))
+        slots = spec.draft_slots
+        ends = np.cumsum(np.where(want > 0, want + slots, 0) if slots else want)
+        total = int(ends[-1])
+        new = want.copy()
+        if total <= budget:
+            left = budget - total
+        else:
+            count = int(np.searchsorted(ends, budget, side="right"))  # those that fit whole
+            before = int(ends[count - 1]) if count else 0
+            new[count:] = 0
+            if budget - before > slots:  # the next one (it wants tokens) gets a chunk
+                new[count] = budget - before - slots
+            left = 0
+        rows = new.nonzero()[0]
+        target = computed + new
+        slot_target = spec.slots_each(target) if k else target
+        bs = self.block_size
+        grow = rows[-(-slot_target[rows] // bs) > -(-computed[rows] // bs)]
+        if grow.size:
+            kept = self._grow_tables(grow.tolist(), slot_target[grow].tolist(), kv, preempt,
+                                     preempted)
+            rows = rows[rows < kept]
+        if naming is not None:
+            # a running table has its first computed // block_size blocks named (as
+            # applied): only a row whose delivered tokens cross one needs the call
+            rids = self.rids
+            cached = np.minimum(target, delivered)
+            named = rows[cached[rows] // bs > state[COMPUTED, rows] // bs]
+            for i in named.tolist():
+                naming.cache_computed(rids[i], int(cached[i]))
+        spec_tokens = None
+        if k:
+            assert drafts is not None
+            spec_tokens = np.where(drafts[rows] > 0, np.maximum(new[rows] - remaining[rows], 0),
+                                   0)
+            # vLLM's prefill_scheduled reads each running request's last scheduled step
+            self.prefill_scheduled = bool(np.where(in_ahead[rows], ~emitted_ahead[rows],
+                                                   state[PREFILLING, rows] > 0).any())
+        self._fill(step, len(rows), computed[rows], new[rows], remaining[rows], spec_tokens,
+                   (remaining[rows] == 1) & emitted_last[rows])
+        self.rows = rows.tolist()
+        return left
+
     def _schedule_decodes(self, n: int, budget: int, kv: KVManager, step: PlanBuilder,
                           preempt: Callable[[Request], None], preempted: list[int],
                           naming: PagedBlockManager | None) -> int:
@@ -167,11 +286,14 @@ class RunningBatch(RunningColumns):
         return len(rids)
 
     def _fill(self, step: PlanBuilder, count: int, computed: np.ndarray, new: np.ndarray,
-              remaining: np.ndarray, spec: np.ndarray | None) -> None:
+              remaining: np.ndarray, spec: np.ndarray | None,
+              decode: np.ndarray | None = None) -> None:
         """Write the running sequences' columns and shape terms into the step; `spec`: the
-        draft tokens among each one's `new` (speculation on)."""
+        draft tokens among each one's `new` (speculation on); `decode`: which are decodes
+        (default: the first `count` rows with one token left and some output)."""
         own = new if spec is None else new - spec  # the tokens it computes for itself
-        decode = (remaining == 1) & (self.state[DONE, :count] > 0)  # then own == 1 too
+        if decode is None:
+            decode = (remaining == 1) & (self.state[DONE, :count] > 0)  # then own == 1 too
         emits = own == remaining
         num_decodes = int(np.count_nonzero(decode))
         step.size = count

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.core.kv import KVManager
+from sim.core.kv import KVManager, PagedBlockManager
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request, RequestState
 from sim.core.schedulers.speculation import Speculation, emitted_each
@@ -51,7 +51,7 @@ class RunningColumns:
 
     __slots__ = ("reqs", "rids", "tables", "state", "block_size", "spec", "pending",
                  "prefill_scheduled", "_count", "_new", "_emits", "_first_rows", "_admitted",
-                 "_held", "_covers_all", "_all_decode", "_mask")
+                 "_held", "_covers_all", "_all_decode", "_mask", "rows")
 
     def __init__(self, running: list[Request], kv: KVManager, spec: Speculation) -> None:
         self.reqs = running  # the scheduler's list, shared: admission order, last = next victim
@@ -81,6 +81,8 @@ class RunningColumns:
         # a plan that covers every row and makes each emit leaves only plain decodes
         self._covers_all = False
         self._all_decode = False  # true between apply() of such a plan and the next schedule
+        # async scheduling: the running rows the last schedule_running_ahead gave tokens
+        self.rows: list[int] | None = None
 
     # -- a running Request's counters (sim.core.request.LiveCounters) ----------------
     def counter(self, request: Request, name: str) -> int:
@@ -103,7 +105,9 @@ class RunningColumns:
         (computed, output done, drafted, accepted) before the step, `new` the tokens it is
         scheduled, `emits` whether they bring it to its known tokens."""
         row = len(self.reqs) - 1
-        assert self.reqs[row] is req and row == self._count + len(self._admitted)
+        # (scheduled ahead of a running step, some running rows may have got no tokens)
+        assert self.reqs[row] is req and (row == self._count + len(self._admitted)
+                                          or self.rows is not None)
         if row == self.state.shape[1]:
             self.state = np.concatenate((self.state, np.zeros_like(self.state)), axis=1)
         computed, done, drafted, accepted = counters
@@ -241,6 +245,120 @@ class RunningColumns:
             return []
         return self.retire([rows[j] for j in finished.tolist()], now, kv, in_flight)
 
+    def apply_behind(self, plan: StepPlan, result: StepResult, now: float, kv: KVManager,
+                     in_flight: dict[int, Request], newer: StepPlan | None,
+                     naming: PagedBlockManager | None
+                     ) -> tuple[list[Request], list[int], np.ndarray]:
+        """Apply `plan` while `newer`, scheduled after it, may still run (async scheduling).
+
+        As _apply_each for the plan's sequences still running (they are ascending rows:
+        only removals and appends happened since), then vLLM's AsyncScheduler extras, in
+        plan order: each running sequence that emitted names the blocks its delivered
+        tokens fill (`cache_blocks(computed - placeholders)`, the counts `newer` adds
+        taken off), and then, if it finished, frees them; a sequence that finished or left
+        already is skipped. Returns (the finished, the plan positions of sequences no
+        longer running, the tokens each sequence of the plan emitted).
+        """
+        counts = emitted_each(plan, result)
+        m = len(plan.request_ids)
+        mapped = self.plan_rows(plan.request_ids)
+        self._all_decode = False
+        if newer is None:
+            self.pending = None
+        state = self.state
+        new = np.array(plan.num_new_tokens, dtype=np.int64)
+        drafting = np.array(plan.num_spec_tokens, dtype=np.int64) > 0 \
+            if plan.num_spec_tokens else np.zeros(m, dtype=bool)
+        idx: slice | np.ndarray
+        if mapped is None:  # every running sequence, in order: the plan's rows are 0..m-1
+            gone: list[int] = []
+            rows = idx = slice(0, m)
+            emitted = counts
+        else:
+            positions, rows, gone = mapped
+            if not len(rows):
+                return [], gone, counts
+            idx = rows
+            emitted, new, drafting = counts[positions], new[positions], drafting[positions]
+        emits = emitted > 0
+        done = state[DONE, idx].copy()
+        old_computed = state[COMPUTED, idx].copy()
+        first = (emits & (done == 0)).nonzero()[0].tolist()
+        kept = np.minimum(emitted, state[TARGET, idx] - done)
+        out = np.where(drafting, kept, emits)
+        state[COMPUTED, idx] += np.where(drafting, kept, new)
+        state[KNOWN, idx] += out
+        state[DONE, idx] += out
+        state[DRAFTED, idx] += np.where(drafting, new - 1, 0)
+        state[ACCEPTED, idx] += np.where(drafting, emitted - 1, 0)
+        state[PREFILLING, idx] = ~emits
+        reqs, rids = self.reqs, self.rids
+        row_list = range(m) if mapped is None else rows.tolist()
+        for j in first:
+            reqs[row_list[j]].first_token_s = now
+        if naming is not None:
+            # the tokens each emitting sequence has delivered: computed, plus what newer
+            # computes for it less its placeholders (a running table has its first
+            # computed // block_size blocks named: only a sequence crossing one is named)
+            computed = state[COMPUTED, idx]
+            if newer is not None:
+                computed = computed + self._ahead_of(newer)[idx]
+            bs = self.block_size
+            for j in (emits & (computed // bs > old_computed // bs)).nonzero()[0].tolist():
+                naming.cache_computed(rids[row_list[j]], int(computed[j]))
+        finished = (state[DONE, idx] == state[TARGET, idx]).nonzero()[0]
+        if not finished.size:
+            if newer is None and not self.spec.k:  # a run of plain decodes may follow
+                n = len(reqs)
+                self._all_decode = bool(n) and bool(
+                    ((state[KNOWN, :n] - state[COMPUTED, :n]) == 1).all()
+                    and (state[DONE, :n] > 0).all())
+            return [], gone, counts
+        return (self.retire([row_list[j] for j in finished.tolist()], now, kv, in_flight), gone,
+                counts)
+
+    def plan_rows(self, request_ids: tuple[int, ...]
+                  ) -> tuple[np.ndarray, np.ndarray, list[int]] | None:
+        """Where a plan's sequences run now: None when they are every running sequence in
+        order (rows 0..n-1); else (the plan positions still running, their rows, ascending,
+        and the positions no longer running). A plan's sequences still running keep their
+        order: only removals and appends happen between its scheduling and its apply."""
+        rids = self.rids
+        if len(request_ids) == len(rids) and request_ids == tuple(rids):
+            return None
+        ids = np.array(request_ids, dtype=np.int64)
+        if not rids:
+            return (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64),
+                    list(range(len(request_ids))))
+        running = np.array(rids, dtype=np.int64)
+        order = running.argsort(kind="stable")
+        by_id = running[order]
+        at = np.minimum(by_id.searchsorted(ids), len(by_id) - 1)
+        found = by_id[at] == ids
+        return found.nonzero()[0], order[at[found]], (~found).nonzero()[0].tolist()
+
+    def _ahead_of(self, newer: StepPlan) -> np.ndarray:
+        """Per running row, the tokens `newer` (scheduled, not applied) computes for it less
+        the placeholders it counts for it (one output and its drafts where it emits)."""
+        n = len(self.rids)
+        extra = np.zeros(n, dtype=np.int64)
+        m = len(newer.request_ids)
+        if not m:
+            return extra
+        add = np.array(newer.num_new_tokens, dtype=np.int64)
+        held = np.array(newer.emits_token, dtype=bool)
+        if newer.num_spec_tokens:
+            add -= np.where(held, 1 + np.array(newer.num_spec_tokens, dtype=np.int64), 0)
+        else:
+            add -= held
+        mapped = self.plan_rows(newer.request_ids)
+        if mapped is None:
+            extra[:m] = add
+        else:
+            positions, rows, _ = mapped
+            extra[rows] = add[positions]
+        return extra
+
     def retire(self, rows: list[int], now: float, kv: KVManager,
                in_flight: dict[int, Request]) -> list[Request]:
         """Finish these rows in plan order (block frees are ordered), then compact."""
@@ -273,3 +391,12 @@ class RunningColumns:
     def plain_decodes(self) -> bool:
         """Every running sequence's next step is one plain decode (apply() just saw to it)."""
         return self._all_decode and self.pending is None
+
+    def decodes_only(self) -> bool:
+        """Every running sequence, as applied, is one token short of its known tokens and has
+        emitted: its next step is a plain decode (async scheduling's runs read the columns,
+        for apply_behind leaves _all_decode off while a plan is outstanding)."""
+        n = len(self.reqs)
+        state = self.state
+        return bool((state[KNOWN, :n] - state[COMPUTED, :n] == 1).all()
+                    and (state[DONE, :n] > 0).all())

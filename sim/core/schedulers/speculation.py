@@ -31,6 +31,22 @@ import numpy as np
 from sim.core.plan import StepPlan, StepResult
 
 SPECULATIVE_METHODS = ("ngram", "draft_model")
+# the methods vLLM 0.32 runs under async scheduling (VllmConfig refuses async scheduling with
+# a CPU drafter: "ngram" prompt lookup, like medusa, mlp_speculator and suffix, drafts from
+# the sampled tokens on the host, so its steps cannot be scheduled ahead)
+ASYNC_SPECULATIVE_METHODS = ("draft_model",)
+
+
+def async_scheduling_problem(preemption: str, speculative_tokens: int,
+                             speculative_method: str) -> str | None:
+    """Why these settings cannot schedule asynchronously, or None when they can."""
+    if speculative_tokens and speculative_method not in ASYNC_SPECULATIVE_METHODS:
+        return (f"vLLM schedules {speculative_method!r} speculative decoding synchronously "
+                f"(async scheduling runs only {', '.join(ASYNC_SPECULATIVE_METHODS)} drafts)")
+    if preemption == "swap":
+        return ("swap preemption is servesim's own and runs synchronously (vLLM v1 only "
+                "recomputes)")
+    return None
 
 
 class Speculation:
@@ -108,9 +124,11 @@ def emitted_each(plan: StepPlan, result: StepResult) -> np.ndarray:
 
     A sequence with k_i drafts emits 1..1 + (its new tokens - 1); one without, 1.
     """
+    emitted = result.num_emitted
+    if not emitted and not plan.num_spec_tokens:  # one token from each emitter: nothing to check
+        return np.array(plan.emits_token, dtype=np.int64)
     emits = np.array(plan.emits_token, dtype=bool)
     counts = emits.astype(np.int64)
-    emitted = result.num_emitted
     if emitted:
         if len(emitted) != plan.num_emitting:
             raise ValueError(f"StepResult.num_emitted has {len(emitted)} entries for "

@@ -60,6 +60,11 @@ class StaticScheduler:
 
     # -- queries -------------------------------------------------------------
     @property
+    def async_scheduling(self) -> bool:
+        """Request-level batching has no async mode: a batch is applied before the next."""
+        return False
+
+    @property
     def num_waiting(self) -> int:
         return len(self.waiting)
 

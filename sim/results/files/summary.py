@@ -13,12 +13,16 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from sim.config.frontend import Frontend
 from sim.config.scenario import Scenario
 from sim.core.kv import KVBudget, KVManager
 from sim.core.schedulers import Scheduler
 from sim.results.files.steady import steady_summary
 from sim.results.record.recorder import RunRecorder
 from sim.results.stats.slo import SLO
+
+# 2: the vLLM-bench latency names are client-side (the frontend included); engine_* added
+SUMMARY_SCHEMA_VERSION = 2
 
 
 class Replica(Protocol):
@@ -87,17 +91,46 @@ def summarize(scenario: Scenario, budget: KVBudget, recorder: RunRecorder,
     return summary
 
 
+def engine_fields(summary: dict[str, Any], frontend: Frontend | None) -> dict[str, Any]:
+    """The engine's own latencies beside the client's: `engine_*` (schema version 2).
+
+    The vLLM-bench names are what a client measures (the simulator's recorded times pass
+    the frontend, sim.config.frontend); the engine saw each request's TTFT and E2E shorter by
+    the frontend's offset for its prompt. Means are exact (the offset is linear in the
+    prompt's tokens); percentiles take the offset at the mean prompt, which is within the
+    tokenizer's few us per token of the per-request one. `frontend` None: the times are
+    the engine's (its replay, which runs no frontend), and both sets are equal.
+    """
+    completed = summary.get("completed") or 0
+    mean_prompt = summary["total_input_tokens"] / completed if completed else 0.0
+    offset_ms = frontend.offset_s(mean_prompt) * 1e3 if frontend is not None else 0.0
+    out: dict[str, Any] = {}
+    for metric in ("ttft", "e2el"):
+        for stat in ("mean", "median", "p90", "p95", "p99"):
+            key = f"{stat}_{metric}_ms"
+            if key in summary:
+                out[f"engine_{key}"] = summary[key] - offset_ms
+    for stat in ("mean", "median", "p99"):
+        if f"{stat}_tpot_ms" in summary:  # the offset adds to TTFT and E2E alike
+            out[f"engine_{stat}_tpot_ms"] = summary[f"{stat}_tpot_ms"]
+    out["frontend_offset_ms"] = offset_ms
+    return out
+
+
 def run_summary(scenario: Scenario, budget: KVBudget, recorder: RunRecorder,
                 replicas: Sequence[Replica], latency_name: str, wall_s: float,
-                replica_recorders: Sequence[RunRecorder] = ()) -> dict[str, Any]:
+                replica_recorders: Sequence[RunRecorder] = (),
+                frontend: Frontend | None = None) -> dict[str, Any]:
     """summary.json's content, for either world: the one place a run's summary is assembled.
 
     `recorder` holds the whole run; `replica_recorders` (the simulator's, one per
     replica, the fleet's own for one replica) give a row each under `replicas`,
     which stays empty without them (the engine serves one replica). Then the
-    latency model's name and the run's wall time.
+    engine-side latencies (`engine_fields`; `frontend`: the one the recorded times
+    passed, None for the engine's own), the latency model's name and the run's wall time.
     """
-    summary = summarize(scenario, budget, recorder, replicas)
+    summary = {"summary_schema_version": SUMMARY_SCHEMA_VERSION,
+               **summarize(scenario, budget, recorder, replicas)}
     if len(replica_recorders) > 1:
         parts = [summarize(scenario, budget, rec, [replica])
                  for rec, replica in zip(replica_recorders, replicas, strict=True)]
@@ -106,6 +139,7 @@ def run_summary(scenario: Scenario, budget: KVBudget, recorder: RunRecorder,
     summary["replicas"] = replica_rows(parts, summary)
     summary.update(steady_summary(recorder.request_batches(scenario_slo(scenario)).series(),
                                   recorder.itl_slices))
+    summary.update(engine_fields(summary, frontend))
     summary["latency_model"] = latency_name
     summary["simulation_wall_s"] = wall_s
     return summary

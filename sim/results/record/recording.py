@@ -22,12 +22,16 @@ from sim.results.record.recorder import RunRecorder
 
 def record_step(recorders: Sequence[RunRecorder], scheduler: Scheduler, start_s: float,
                 duration_s: float, plan: StepPlan, finished: Sequence[Request],
-                kv_slots_held: int, result: StepResult | None = None) -> None:
+                kv_slots_held: int, result: StepResult | None = None, admitted_ahead: int = 0
+                ) -> None:
     """Fold the step `plan` just applied into each recorder; `result` given: count its
     speculation (drafts, acceptances). Queue and KV figures are read from `scheduler` now,
-    after the step; `kv_slots_held` was read while it ran (before finishers freed theirs)."""
-    waiting, running, used = (scheduler.num_waiting, scheduler.num_running,
-                              scheduler.kv_blocks_used)
+    after the step; `kv_slots_held` was read while it ran (before finishers freed theirs).
+    `admitted_ahead`: under async scheduling, the requests the next step's plan (made as this
+    one started) took from the queue; they still waited while this step ran, as they
+    would be counted in a synchronous engine."""
+    waiting, running, used = (scheduler.num_waiting + admitted_ahead,
+                              scheduler.num_running - admitted_ahead, scheduler.kv_blocks_used)
     for recorder in recorders:
         if result is not None:
             recorder.record_speculation(plan, result)
