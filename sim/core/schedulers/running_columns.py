@@ -224,16 +224,8 @@ class RunningColumns:
         emits = counts > 0
         drafting = np.array(plan.num_spec_tokens or (0,) * len(rows), dtype=np.int64) > 0
         idx: slice | list[int] = slice(0, len(rows)) if rows == list(range(len(rows))) else rows
-        done = state[DONE, idx]
-        first = (emits & (done == 0)).nonzero()[0].tolist()  # before done moves (a view)
-        kept = np.minimum(counts, state[TARGET, idx] - done)
-        out = np.where(drafting, kept, emits)
-        state[COMPUTED, idx] += np.where(drafting, kept, new)
-        state[KNOWN, idx] += out
-        state[DONE, idx] += out
-        state[DRAFTED, idx] += np.where(drafting, new - 1, 0)
-        state[ACCEPTED, idx] += np.where(drafting, counts - 1, 0)
-        state[PREFILLING, idx] = ~emits
+        first = (emits & (state[DONE, idx] == 0)).nonzero()[0].tolist()  # before done moves
+        _credit(state, idx, emits, new, counts, drafting)
         reqs = self.reqs
         for j in first:
             reqs[rows[j]].first_token_s = now
@@ -284,14 +276,7 @@ class RunningColumns:
         done = state[DONE, idx].copy()
         old_computed = state[COMPUTED, idx].copy()
         first = (emits & (done == 0)).nonzero()[0].tolist()
-        kept = np.minimum(emitted, state[TARGET, idx] - done)
-        out = np.where(drafting, kept, emits)
-        state[COMPUTED, idx] += np.where(drafting, kept, new)
-        state[KNOWN, idx] += out
-        state[DONE, idx] += out
-        state[DRAFTED, idx] += np.where(drafting, new - 1, 0)
-        state[ACCEPTED, idx] += np.where(drafting, emitted - 1, 0)
-        state[PREFILLING, idx] = ~emits
+        _credit(state, idx, emits, new, emitted, drafting)
         reqs, rids = self.reqs, self.rids
         row_list = range(m) if mapped is None else rows.tolist()
         for j in first:
@@ -400,3 +385,20 @@ class RunningColumns:
         state = self.state
         return bool((state[KNOWN, :n] - state[COMPUTED, :n] == 1).all()
                     and (state[DONE, :n] > 0).all())
+
+
+def _credit(state: np.ndarray, idx: slice | list[int] | np.ndarray, emits: np.ndarray,
+            new: np.ndarray, emitted: np.ndarray, drafting: np.ndarray) -> None:
+    """Credit one applied step to the running columns `idx`, in place: a drafting sequence
+    keeps what its scripted output has room for of the 1 + a_i tokens it emitted, and its
+    rejected drafts roll back (computed = context + kept); every other one computed its
+    new tokens and emitted at most one. Shared by the synchronous apply and the async
+    apply of the step behind."""
+    kept = np.minimum(emitted, state[TARGET, idx] - state[DONE, idx])
+    out = np.where(drafting, kept, emits)
+    state[COMPUTED, idx] += np.where(drafting, kept, new)
+    state[KNOWN, idx] += out
+    state[DONE, idx] += out
+    state[DRAFTED, idx] += np.where(drafting, new - 1, 0)
+    state[ACCEPTED, idx] += np.where(drafting, emitted - 1, 0)
+    state[PREFILLING, idx] = ~emits
