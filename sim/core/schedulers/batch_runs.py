@@ -13,7 +13,7 @@ the step it finishes in.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import accumulate
 
 import numpy as np
@@ -99,6 +99,24 @@ def _blocks_taken(computed: np.ndarray, finish: np.ndarray, steps: int, bs: int
     return taking[1:].ravel()[:steps]
 
 
+def _pieces(run: DecodeRun, begin: int, end: int
+            ) -> Iterator[tuple[int, int, int, StepShape]]:
+    """The parts of `run`'s segments within steps [begin, end): (first step, the step after
+    the part, the segment's end, the first step's shape); segments before
+    `begin` are applied already, those from `end` on run later."""
+    for start, length, shape in run.segment_lengths():
+        if start >= end:
+            break
+        seg_end = start + length
+        if seg_end <= begin:
+            continue
+        first = start if start > begin else begin
+        stop = seg_end if seg_end < end else end
+        if first > start:
+            shape = decode_shape(shape, first - start)
+        yield first, stop, seg_end, shape
+
+
 def apply_run(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
               step_end_s: Sequence[float], kv: KVManager, paged: bool,
               naming: PagedBlockManager | None,
@@ -108,17 +126,8 @@ def apply_run(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
     step's new blocks, then the blocks it filled named), then the finishers of a
     segment's last step retired (their blocks freed) at its end, `step_end_s[s]`."""
     out: list[RunSegment] = []
-    for start, length, shape in run.segment_lengths():
-        if start >= end:
-            break  # this segment and those after it run later
-        seg_end = start + length
-        if seg_end <= begin:
-            continue  # applied already
-        first = start if start > begin else begin
-        stop = seg_end if seg_end < end else end
+    for first, stop, seg_end, shape in _pieces(run, begin, end):
         k = stop - first
-        if first > start:
-            shape = decode_shape(shape, first - start)
         n = len(batch.rids)
         state = batch.state
         contexts = state[COMPUTED, :n].tolist()
@@ -241,17 +250,8 @@ def apply_run_ahead(batch: RunningBatch, run: DecodeRun, begin: int, end: int,
     recorders read as a step's blocks used under async scheduling."""
     out: list[RunSegment] = []
     bs = batch.block_size
-    for start, length, shape in run.segment_lengths():
-        if start >= end:
-            break
-        seg_end = start + length
-        if seg_end <= begin:
-            continue
-        first = start if start > begin else begin
-        stop = seg_end if seg_end < end else end
+    for first, stop, seg_end, shape in _pieces(run, begin, end):
         k = stop - first
-        if first > start:
-            shape = decode_shape(shape, first - start)
         n = len(batch.rids)
         state = batch.state
         used0 = kv.num_used_blocks
