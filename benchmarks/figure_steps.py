@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +35,19 @@ README_CAPACITY = ("capacity", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--
                    "--batch", "32")
 
 
+def fresh(out: Path) -> Path:
+    """`out`, a step's own scratch directory under --work, removed before its command runs.
+
+    regenerate owns --work (git ignores it). A result directory written before servesim kept
+    manifests is refused without --force, and --force would keep every old file the new run
+    does not write: a plot the code no longer makes could then be published as this run's.
+    Starting empty means every file a step reads or publishes is this run's. The point cache
+    lies beside `out` (in --work itself), so it survives.
+    """
+    shutil.rmtree(out, ignore_errors=True)
+    return out
+
+
 def capacity(ctx: Context) -> str:
     sheet = servesim(*README_CAPACITY)
     refresh_readme(ctx.readme, "servesim " + " ".join(README_CAPACITY), sheet)
@@ -50,7 +64,7 @@ def tokens(ctx: Context) -> str:
 
 
 def quickstart(ctx: Context) -> str:
-    out = ctx.work / "quickstart"
+    out = fresh(ctx.work / "quickstart")
     text = run_and_show("run", "scenarios/quickstart.yaml", "--timeline", "6", "--out", str(out))
     printed = text.split("\n", 2)[2].rsplit("```", 1)[0]  # the output, without the fence
     refresh_readme(ctx.readme, "servesim run scenarios/quickstart.yaml",
@@ -61,6 +75,21 @@ def quickstart(ctx: Context) -> str:
     return text.replace(str(out), "results/quickstart")
 
 
+README_PLAN = ("plan", "scenarios/plan_llama70b.yaml", "--rate", "40", "--gpu", "h100-sxm,h200")
+
+
+def plan(ctx: Context) -> str:
+    """The README's `servesim plan` answer, from a fresh cache (a cached fleet would be
+    counted as such, and could be a former code's)."""
+    work = ctx.work / "plan"
+    shutil.rmtree(work, ignore_errors=True)
+    out = work / "out"
+    text = servesim(*README_PLAN, "--out", str(out)).rstrip("\n")
+    text = text.replace(str(out), "results/plan_plan_llama70b")
+    refresh_readme(ctx.readme, "servesim " + " ".join(README_PLAN), text)
+    return shown(README_PLAN, text)
+
+
 def slots(ctx: Context) -> str:
     return run_and_show("plot", "slots", "--out", "docs/slots.png")
 
@@ -68,7 +97,7 @@ def slots(ctx: Context) -> str:
 def compare(spec: str, pictures: dict[str, str]) -> Callable[[Context], str]:
     """A `servesim compare` step: its compare.md, and the named plots copied to docs/."""
     def step(ctx: Context) -> str:
-        out = ctx.work / f"compare_{Path(spec).stem}"
+        out = fresh(ctx.work / f"compare_{Path(spec).stem}")
         servesim("compare", spec, "--out", str(out))
         for source, target in pictures.items():
             publish(out / source, target)
@@ -84,7 +113,7 @@ def routing(ctx: Context) -> str:
     rows = ["| router | prefix hit rate | mean TTFT | p50 TTFT | p99 TTFT | SLO attainment "
             "| req/s |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for policy in ROUTERS:
-        out = ctx.work / f"routing_{policy}"
+        out = fresh(ctx.work / f"routing_{policy}")
         servesim("run", "scenarios/routing.yaml", "--set", f"router.policy={policy}",
                  "--out", str(out), "--quiet")
         s = json.loads((out / "summary.json").read_text())
@@ -102,7 +131,7 @@ LONG_CONTEXT_GRID = ("workload.prompt_tokens.value=3840,7936,16128,32512,65280,1
 
 
 def long_context(ctx: Context) -> str:
-    out = ctx.work / "sweep_long_context"
+    out = fresh(ctx.work / "sweep_long_context")
     args = ["sweep", "scenarios/long_context.yaml", "--plots"]
     for grid in LONG_CONTEXT_GRID:
         args += ["--grid", grid]
@@ -112,7 +141,7 @@ def long_context(ctx: Context) -> str:
 
 
 def engine_replay(ctx: Context) -> str:
-    out = ctx.work / "engine_cpu"
+    out = fresh(ctx.work / "engine_cpu")
     text = run_and_show("engine", "replay", "scenarios/engine_cpu.yaml", "--no-plots",
                         "--out", str(out))
     return text.replace(str(out), "results/engine_cpu_engine")
@@ -126,7 +155,7 @@ FIDELITY_FILES = ("fidelity.json", "fidelity.md", "steps.csv", "requests.csv",
 
 def fidelity(ctx: Context) -> str:
     """The shipped CPU table validated against this machine's engine (no re-profiling)."""
-    out = ctx.work / "fidelity_cpu"
+    out = fresh(ctx.work / "fidelity_cpu")
     command([sys.executable, "benchmarks/fidelity_cpu.py", "--table", "calibration/cpu-tiny",
              "--out", str(out), "--quiet"])
     for name, target in FIDELITY.items():
@@ -230,6 +259,8 @@ STEPS = (
     Step("quickstart", "the worked example, its plots and a 6-request timeline", "2 s",
          ("README.md", "docs/quickstart_latency_cdf.png", "docs/quickstart_timeseries.png",
           "docs/timeline.png"), quickstart),
+    Step("plan", "the cheapest fleet for Llama-3-70B at 40 req/s (servesim plan)", "2 min",
+         ("README.md",), plan),
     Step("slots", "batch slots under static vs continuous batching", "1 s",
          ("docs/slots.png",), slots),
     Step("batching", "static vs dynamic vs continuous batching over load", "20 s",

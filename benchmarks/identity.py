@@ -33,6 +33,9 @@ WALL_KEYS = ("provenance", "simulation_wall_s", "wall_s")
 WALL_COLUMNS = ("wall_s", "wall_ms", "device_ms")
 WALL_LINE_MARKS = ("s wall", "served in")
 CACHE = ".servesim-cache"  # sweep points cached under names that hash the commit
+# each result directory's list of the files it holds, with their digests (summary.json's
+# among them, so it moves with the wall time): the files it lists are compared themselves
+MANIFEST = ".servesim-manifest.json"
 
 COMPARE_SPEC = """\
 name: identity_compare
@@ -151,7 +154,8 @@ def _cached(root: Path) -> list[str | bytes]:
 
 def compare(a: Path, b: Path) -> int:
     files_a, files_b = ({p.relative_to(root) for p in root.rglob("*")
-                         if p.is_file() and CACHE not in p.relative_to(root).parts}
+                         if p.is_file() and CACHE not in p.relative_to(root).parts
+                         and p.name != MANIFEST}
                         for root in (a, b))
     bad = 0
     if _cached(a) != _cached(b):

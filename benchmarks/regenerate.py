@@ -7,9 +7,12 @@
 
 A step runs the same command a reader would (`servesim ...`, a benchmark
 script, a notebook), copies its pictures into docs/ and writes its numbers to
-docs/figures.md, which the README cites. Each step owns one section of that
-file, headed by the machine, commit and date that produced it, so a step run
-alone replaces its own section and leaves the others as they were. Scratch
+docs/figures.md, which the README cites: after each step the README's quoted
+runs and its `<!-- figures: NAME -->` blocks are rewritten from that file
+(benchmarks/readme_figures.py), and tests/test_readme_claims.py holds them to it.
+Each step owns one section of that file, headed by the machine, commit and date
+that produced it, so a step run alone replaces its own section and leaves the
+others as they were. Scratch
 results go to --work (default results/regenerate/, which git ignores). A
 failing step is reported and the rest still run; the exit status is then 1.
 
@@ -33,6 +36,7 @@ from pathlib import Path
 if str(Path(__file__).resolve().parent) not in sys.path:  # the steps beside it, however loaded
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import readme_figures  # noqa: E402
 from figure_steps import STEPS  # noqa: E402
 from figure_tools import REPO, Context, Step  # noqa: E402
 
@@ -177,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wall_s = time.perf_counter() - t0
         sections[step.name] = section(step, ctx.stamp, wall_s, body)
         write_atomically(figures, write_figures(sections))  # after every step: none lost
+        readme_figures.refresh(ctx.readme, sections)  # the README's quoted figures with it
         wrote = ", ".join((*step.publishes, args.figures))
         print(f"[{i}/{len(steps)}] {step.name}: done in {wall_s:.1f} s; wrote {wrote}",
               flush=True)

@@ -177,13 +177,14 @@ def fit_measurements(measurements: Sequence[Measurement], timing: str = "wall",
 
 
 def fit_table(directory: str | Path, timing: str | None = None, holdout_every: int = 5,
-              seed: int = 0) -> FitReport:
-    """Fit DIR's measurements (timing: metadata's unless given) and write DIR/fit.json."""
+              seed: int = 0, out: str | Path | None = None) -> FitReport:
+    """Fit DIR's measurements (timing: metadata's unless given) and write DIR/fit.json
+    (`out`/fit.json instead when given: the CLI stages the file, then adds it to DIR)."""
     metadata = read_metadata(directory)
     measurements = read_measurements(directory)
     report = fit_measurements(measurements, timing or metadata.timing, holdout_every, seed,
                               measurements_sha256(directory))
-    write_fit(directory, report.fit, FEATURES)
+    write_fit(directory if out is None else out, report.fit, FEATURES)
     return report
 
 

@@ -219,14 +219,16 @@ def requests_frame(fidelity: Fidelity) -> pd.DataFrame:
     return merged.sort_values("request_id").reset_index(drop=True)
 
 
-def write_report(fidelity: Fidelity, out_dir: str | Path, plots: bool = True) -> list[Path]:
-    """Write the report files into `out_dir` (created); returns their paths."""
+def write_report(fidelity: Fidelity, out_dir: str | Path, plots: bool = True,
+                 lands_at: Path | None = None) -> list[Path]:
+    """Write the report files into `out_dir` (created); returns their paths. `lands_at`:
+    where `out_dir` will lie once committed (a staged report names its table from there)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "fidelity.json", out / "fidelity.md", out / "steps.csv",
                out / "requests.csv"]
     body = report_dict(fidelity)
-    body["table"] = os.path.relpath(fidelity.table_dir, out.resolve())  # the report travels
+    body["table"] = os.path.relpath(fidelity.table_dir, (lands_at or out).resolve())  # travels
     written[0].write_text(json.dumps(body, indent=2) + "\n")
     written[1].write_text(markdown(fidelity, plots))
     fidelity.steps.round(6).to_csv(written[2], index=False, float_format="%.6g")

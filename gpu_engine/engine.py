@@ -28,7 +28,7 @@ from gpu_engine.kv_cache import PagedKVCache
 from gpu_engine.model import LlamaModel
 from gpu_engine.prompts import prompt_token_ids
 from gpu_engine.runner import ModelRunner
-from gpu_engine.sampling import SamplingParams, sample
+from gpu_engine.sampling import SamplingParams, adjust_logits, sample, token_logprobs
 from gpu_engine.spec_step import execute_speculative
 from sim.core.drive import drive
 from sim.core.plan import StepPlan, StepResult, StepShape, checked_plan
@@ -51,6 +51,8 @@ class TokenEvent:
     index: int
     time_s: float
     finished: bool
+    # (its log-probability, the k most likely (token id, log-probability)) when asked for
+    logprobs: tuple[float, tuple[tuple[int, float], ...]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,7 @@ class Engine:
     _seqs: dict[int, _Sequence] = field(default_factory=dict, init=False)
     _events: list[TokenEvent] = field(default_factory=list, init=False)
     _busy_end_s: float | None = field(default=None, init=False)  # last step's end, if busy
+    _logprobs: dict[int, tuple] = field(default_factory=dict, init=False)  # this step's asked
 
     def __post_init__(self) -> None:
         self.clock = VirtualClock() if self.latency is not None else WallClock()
@@ -196,11 +199,27 @@ class Engine:
                                      seq_ids=plan.request_ids)
         emitting = [s for s, e in zip(seqs, plan.emits_token, strict=True) if e]
 
-        def draw(logits: torch.Tensor) -> torch.Tensor:
-            return sample(logits, [s.sampling for s in emitting], [s.seed for s in emitting],
-                          [len(s.token_ids) for s in emitting])
+        wants = [i for i, s in enumerate(emitting) if s.sampling.logprobs is not None]
+        found: list[tuple[torch.Tensor, ...]] = []
+
+        def draw(raw: torch.Tensor) -> torch.Tensor:
+            params = [s.sampling for s in emitting]
+            logits = adjust_logits(raw, params, [s.token_ids for s in emitting],
+                                   [s.request.prompt_tokens for s in emitting])
+            tokens = sample(logits, params, [s.seed for s in emitting],
+                            [len(s.token_ids) for s in emitting])
+            if wants:
+                found.append(token_logprobs(raw, tokens, wants, max(
+                    emitting[i].sampling.logprobs or 0 for i in wants)))
+            return tokens
 
         token_ids, device_s = self.runner.execute(inputs, draw)
+        if found:  # after execute's synchronisation: plain lists
+            chosen, top_ids, top_lps = (t.tolist() for t in found[0])
+            for j, i in enumerate(wants):
+                k = emitting[i].sampling.logprobs or 0
+                self._logprobs[emitting[i].request.request_id] = (
+                    chosen[j], tuple(zip(top_ids[j][:k], top_lps[j][:k], strict=True)))
         return token_ids, (), device_s, inputs.num_seqs
 
     def _emit(self, plan: StepPlan, token_ids: list[int], counts: tuple[int, ...],
@@ -218,6 +237,7 @@ class Engine:
                     self._emit_one(seq, token, now)
 
     def _emit_one(self, seq: _Sequence, token: int, now: float) -> None:
+        logprobs = self._logprobs.pop(seq.request.request_id, None)
         seq.token_ids.append(token)
         index = len(seq.token_ids) - seq.request.prompt_tokens - 1
         finished = index + 1 >= seq.request.output_tokens
@@ -225,7 +245,7 @@ class Engine:
             return
         if seq.sampling.stop_at_eos and token == self.eos_id:
             seq.stopped = finished = True
-        event = TokenEvent(seq.request.request_id, token, index, now, finished)
+        event = TokenEvent(seq.request.request_id, token, index, now, finished, logprobs)
         self._events.append(event)
         if self.on_token is not None:
             self.on_token(event)

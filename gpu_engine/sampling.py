@@ -50,6 +50,12 @@ class SamplingParams:
     top_p: float = 1.0  # 1 = off
     seed: int | None = None  # None = derived by the engine from its seed and the request id
     stop_at_eos: bool = False  # scripted lengths ignore EOS (the simulator's rule)
+    # vLLM's logit adjustments, applied before temperature (adjust_logits); defaults = none
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    logprobs: int | None = None  # return the sampled token's log-probability and the k best
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -69,10 +75,48 @@ class SamplingParams:
         if not isinstance(self.stop_at_eos, bool):
             raise ValueError(f"SamplingParams.stop_at_eos must be true or false, "
                              f"got {self.stop_at_eos!r}")
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or \
+                    not math.isfinite(value) or (name == "repetition_penalty" and value <= 0):
+                raise ValueError(f"SamplingParams.{name} must be a finite number"
+                                 f"{' > 0' if name == 'repetition_penalty' else ''}, "
+                                 f"got {value!r}")
+
+        # a JSON round trip turns the pairs into lists: store them as the declared tuple type
+        # so that equality (and hashing) does not depend on where the value came from
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(
+                self.logprobs, int) or not 0 <= self.logprobs <= 20):
+            raise ValueError(f"SamplingParams.logprobs must be None or an integer in [0, 20], "
+                             f"got {self.logprobs!r}")
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether adjust_logits changes this row (a penalty or a bias is set)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias
+                    or self.repetition_penalty != 1.0)
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
+    """logit_bias as ((token id, bias), ...), from any sequence of pairs (a JSON list
+    of lists included); refuses anything else with the field's name."""
+    try:
+        pairs = tuple((token, bias) for token, bias in value)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        raise ValueError(f"SamplingParams.logit_bias must be a sequence of (token id, bias) "
+                         f"pairs, got {value!r}") from None
+    for token, bias in pairs:
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0 or \
+                isinstance(bias, bool) or not isinstance(bias, int | float) or \
+                not math.isfinite(bias):
+            raise ValueError(f"SamplingParams.logit_bias needs an integer token id >= 0 and a "
+                             f"finite bias in each pair, got {(token, bias)!r}")
+    return tuple((token, float(bias)) for token, bias in pairs)
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -160,6 +204,52 @@ def draw(probs: Tensor, u: Tensor) -> Tensor:
     # exists and is never a zero-probability token (its cdf equals its predecessor's)
     target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target.unsqueeze(-1), right=True).squeeze(-1)
+
+
+def adjust_logits(logits: Tensor, params: Sequence[SamplingParams],
+                  token_ids: Sequence[Sequence[int]], prompt_lens: Sequence[int]) -> Tensor:
+    """(E, V) logits with vLLM's adjustments, in vLLM V1's order: the logit bias is added,
+    then the penalties. A repetition penalty r divides a positive logit by r and
+    multiplies a negative one, for every token in the prompt or the output; the frequency
+    penalty subtracts itself once per time a token appears in the output, the presence
+    penalty once if it appears at all. `token_ids[i]`: row i's prompt then output so far.
+    Rows with nothing to adjust are left as they are (the same tensor when none has)."""
+    rows = [i for i, p in enumerate(params) if p.adjusts_logits]
+    if not rows:
+        return logits
+    out = logits.float().clone()
+    vocab = out.shape[-1]
+    for i in rows:
+        p, ids, cut = params[i], token_ids[i], prompt_lens[i]
+        row = out[i]
+        for token, bias in p.logit_bias:
+            if 0 <= token < vocab:
+                row[token] += bias
+        if p.repetition_penalty != 1.0 and ids:
+            seen = torch.tensor(sorted(set(ids)), dtype=torch.int64, device=row.device)
+            values = row.index_select(0, seen)
+            row.index_copy_(0, seen, torch.where(values > 0, values / p.repetition_penalty,
+                                                 values * p.repetition_penalty))
+        output = ids[cut:]
+        if output and (p.frequency_penalty or p.presence_penalty):
+            counts = torch.bincount(torch.tensor(output, dtype=torch.int64, device=row.device),
+                                    minlength=vocab)[:vocab].to(row.dtype)
+            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+    return out
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, rows: Sequence[int], k: int
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+    """For `rows` of (E, V) raw logits (before any adjustment or temperature, as vLLM's
+    default `raw_logprobs`): the log-probability of each row's token, and its k most likely
+    token ids with theirs; tensors on the logits' device, (R,), (R, k), (R, k)."""
+    index = torch.tensor(list(rows), dtype=torch.int64, device=logits.device)
+    logp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+    chosen = logp.gather(-1, tokens.index_select(0, index).unsqueeze(-1)).squeeze(-1)
+    top = logp.topk(min(k, logp.shape[-1]), dim=-1) if k else None
+    empty = torch.empty((len(rows), 0), device=logits.device)
+    return (chosen, top.indices if top is not None else empty.long(),
+            top.values if top is not None else empty)
 
 
 def sample(logits: Tensor, params: Sequence[SamplingParams], seeds: Sequence[int | None],

@@ -92,6 +92,10 @@ def build_engine(scenario: Scenario, base_dir: Path | None = None,
     if scenario.replicas != 1:
         raise EngineSetupError(f"replicas: the engine serves one replica, got {scenario.replicas}"
                                "; set replicas: 1 (or simulate the fleet with `servesim run`)")
+    if scenario.hardware.data_parallel > 1:
+        raise EngineSetupError(f"hardware.data_parallel: the engine runs one attention rank, "
+                               f"got {scenario.hardware.data_parallel}; simulate data-parallel "
+                               "ranks with `servesim run`")
     if scenario.scheduler.preemption != "recompute":
         raise EngineSetupError(f"scheduler.preemption: the engine preempts by recompute only, "
                                f"got {scenario.scheduler.preemption!r}")

@@ -2,7 +2,8 @@
 # The live parity check: record vLLM's own Scheduler now, synchronous and with async
 # scheduling (its AsyncScheduler, driven one step ahead as its engine core drives it),
 # require the committed traces of its version to be exactly what it records, and replay
-# servesim against the live recordings (the async one with servesim's async scheduling).
+# servesim against the live recordings (the async one with servesim's async scheduling);
+# the same for the parallel-sampling (n > 1) configurations of parity/parallel.py.
 #
 #   parity/check_live.sh VENV_DIR [TORCH_PYTHON]
 #
@@ -22,9 +23,11 @@ version="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.versio
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 status=0
+for set in main parallel-sampling; do
 for mode in sync async; do
   suffix=""; flag=""
-  if [ "$mode" = async ]; then suffix="-async"; flag="--async"; fi
+  if [ "$set" = parallel-sampling ]; then suffix="-parallel-sampling"; flag="--parallel-sampling"; fi
+  if [ "$mode" = async ]; then suffix="$suffix-async"; flag="$flag --async"; fi
   committed="parity/traces/vllm-$version$suffix.jsonl.gz"
   if ! [ -f "$committed" ]; then
     echo "no committed trace for vLLM $version ($committed): record it with" \
@@ -34,11 +37,12 @@ for mode in sync async; do
   live="$out/live$suffix.jsonl.gz"
   "$venv/bin/python" -m parity.record_vllm --no-progress $flag --out "$live"
   if ! cmp -s <(zcat "$live") <(zcat "$committed"); then
-    echo "live vLLM $version ($mode) differs from $committed: re-record it" >&2
+    echo "live vLLM $version ($set, $mode) differs from $committed: re-record it" >&2
     diff <(zcat "$live" | cut -c1-200) <(zcat "$committed" | cut -c1-200) | head -20 >&2
     exit 1
   fi
-  echo "live vLLM $version ($mode) matches $committed"
+  echo "live vLLM $version ($set, $mode) matches $committed"
   "$python" -m parity.compare --trace "$live" || status=1
+done
 done
 exit $status

@@ -3,6 +3,8 @@
     python -m parity.compare [--trace FILE] [--only NAME ...]
                              [--show N]
 
+A trace of the parallel-sampling configurations (its metadata names them, e.g.
+traces/vllm-0.32.0-parallel-sampling.jsonl.gz) replays those (parity/parallel.py).
 A trace recorded with async scheduling (its metadata says so, e.g.
 traces/vllm-0.32.0-async.jsonl.gz) is replayed with servesim's scheduler in
 async mode through the async loop, on the configurations it holds.
@@ -20,12 +22,17 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from parity.configs import GENERATOR_VERSION, ParityConfig, generate_configs, runs_async
+from parity.parallel import FAMILY as PARALLEL_FAMILY
+from parity.parallel import generate_parallel_configs
 from parity.steps import RunResult, StepRecord, run_config, run_config_async
 from parity.trace import read_trace
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_TRACE = HERE / "traces" / "vllm-0.32.0.jsonl.gz"
 ASYNC_TRACE = HERE / "traces" / "vllm-0.32.0-async.jsonl.gz"
+# n > 1 split into children (parity/parallel.py), synchronous and async
+PARALLEL_TRACE = HERE / "traces" / "vllm-0.32.0-parallel-sampling.jsonl.gz"
+PARALLEL_ASYNC_TRACE = HERE / "traces" / "vllm-0.32.0-parallel-sampling-async.jsonl.gz"
 _FIELDS = [f.name for f in fields(StepRecord) if f.name != "step"]
 
 
@@ -114,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
               "parity/record_vllm.py", file=sys.stderr)
         return 2
     meta, recorded = load_recorded(args.trace)
-    configs = generate_configs()
+    configs = generate_parallel_configs() if meta.get("configs") == PARALLEL_FAMILY \
+        else generate_configs()
     if args.only:
         unknown = sorted(set(args.only) - {c.name for c in configs})
         if unknown:

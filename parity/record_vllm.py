@@ -34,6 +34,7 @@ import time
 import warnings
 from collections import deque
 from pathlib import Path
+from types import SimpleNamespace
 
 from parity.configs import (
     GENERATOR_VERSION,
@@ -44,6 +45,8 @@ from parity.configs import (
     output_token_id,
     runs_async,
 )
+from parity.parallel import FAMILY as PARALLEL_FAMILY
+from parity.parallel import ParentSpec, child_label, generate_parallel_configs
 from parity.steps import RunResult, Scheduled, run_config, run_config_async
 from parity.trace import write_trace
 
@@ -51,8 +54,9 @@ HERE = Path(__file__).resolve().parent
 MODEL_DIR = HERE / "tiny_llama"
 
 
-def default_out(version: str, async_scheduling: bool = False) -> Path:
-    return HERE / "traces" / f"vllm-{version}{'-async' if async_scheduling else ''}.jsonl.gz"
+def default_out(version: str, async_scheduling: bool = False, parallel: bool = False) -> Path:
+    tail = ("-parallel-sampling" if parallel else "") + ("-async" if async_scheduling else "")
+    return HERE / "traces" / f"vllm-{version}{tail}.jsonl.gz"
 
 
 class VllmSide:
@@ -97,28 +101,42 @@ class VllmSide:
         self.hasher = v.get_request_block_hasher(config.block_size, v.sha256)
         self.k = config.speculative_tokens
         self.requests: dict[str, object] = {}
+        self.labels: dict[str, int] = {}  # vLLM's request id -> the integer the record names
         self._out = None
         # async: (output, ids that emit) of each step scheduled and not yet applied, oldest first
         self._outs: deque[tuple[object, frozenset[str]]] = deque()
 
     def add(self, spec: RequestSpec) -> None:
         v = self.v
-        params = v.SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True)
-        req = v.Request(str(spec.request_id), list(spec.prompt_token_ids), params, None,
-                        arrival_time=float(spec.arrival_step), block_hasher=self.hasher)
-        self.requests[req.request_id] = req
-        self.sched.add_request(req)
+        n = spec.n if isinstance(spec, ParentSpec) else 1
+        params = v.SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True, n=n)
+        children = [(str(spec.request_id), params, spec.request_id)]
+        if n > 1:  # as vLLM's frontend (AsyncLLM.add_request): its ParentRequest names the
+            # children and their params, which are added one after another, same instant
+            parent = v.ParentRequest(SimpleNamespace(
+                request_id=str(spec.request_id), external_req_id=str(spec.request_id),
+                params=params))
+            children = [(*parent.get_child_info(i), child_label(spec.request_id, i))
+                        for i in range(n)]
+        elif isinstance(spec, ParentSpec):
+            children = [(str(spec.request_id), params, child_label(spec.request_id, 0))]
+        for rid, child_params, label in children:
+            req = v.Request(rid, list(spec.prompt_token_ids), child_params, None,
+                            arrival_time=float(spec.arrival_step), block_hasher=self.hasher)
+            self.requests[rid] = req
+            self.labels[rid] = label
+            self.sched.add_request(req)
 
     def schedule(self) -> Scheduled:
         running = {r.request_id for r in self.sched.running}
         out = self._out = self.sched.schedule()
-        scheduled = tuple((int(rid), n) for rid, n in out.num_scheduled_tokens.items())
-        admitted = tuple((int(rid), self.requests[rid].num_computed_tokens - n)
+        scheduled = tuple((self.labels[rid], n) for rid, n in out.num_scheduled_tokens.items())
+        admitted = tuple((self.labels[rid], self.requests[rid].num_computed_tokens - n)
                          for rid, n in out.num_scheduled_tokens.items() if rid not in running)
-        preempted = tuple(int(rid) for rid in out.preempted_req_ids)
+        preempted = tuple(self.labels[rid] for rid in out.preempted_req_ids)
         free = self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
         spec = out.scheduled_spec_decode_tokens
-        drafts = tuple((int(rid), len(spec[rid])) for rid in out.num_scheduled_tokens
+        drafts = tuple((self.labels[rid], len(spec[rid])) for rid in out.num_scheduled_tokens
                        if spec.get(rid))
         if self.async_scheduling:  # a step emits for a request it leaves past its prefill
             self._outs.append((out, frozenset(rid for rid in out.num_scheduled_tokens
@@ -138,22 +156,24 @@ class VllmSide:
             emits = req.num_computed_tokens >= req.num_tokens if emitting is None \
                 else rid in emitting
             done = len(req.output_token_ids)
-            count = 1 + accepted_drafts(int(rid), done, len(out.scheduled_spec_decode_tokens
-                                                            .get(rid, ())))
-            sampled.append([output_token_id(int(rid), done + j) for j in range(count)]
+            label = self.labels[rid]
+            count = 1 + accepted_drafts(label, done, len(out.scheduled_spec_decode_tokens
+                                                         .get(rid, ())))
+            sampled.append([output_token_id(label, done + j) for j in range(count)]
                            if emits else [])
         index = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} \
             if self.v.runner_output_has_index else {}
         mro = self.v.ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, **index)
         results = self.sched.update_from_output(out, mro)
-        finished = [int(o.request_id) for outs in results.values() for o in outs.outputs
-                    if o.finish_reason is not None]
+        finished = [self.labels[o.request_id] for outs in results.values()
+                    for o in outs.outputs if o.finish_reason is not None]
         # the drafter proposes k tokens for every request that ran (synchronous engine only:
         # under async scheduling the scheduler keeps its own placeholders)
         if self.k and not self.async_scheduling:
-            live = [rid for rid in ids if int(rid) not in finished]
-            drafts = [[output_token_id(int(rid) + 7919, len(self.requests[rid].output_token_ids)
-                                       + j) for j in range(self.k)] for rid in live]
+            live = [rid for rid in ids if self.labels[rid] not in finished]
+            drafts = [[output_token_id(self.labels[rid] + 7919,
+                                       len(self.requests[rid].output_token_ids) + j)
+                       for j in range(self.k)] for rid in live]
             self.sched.update_draft_token_ids(self.v.DraftTokenIds(live, drafts))
         return finished
 
@@ -200,6 +220,7 @@ class _Vllm:
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.engine.parallel_sampling import ParentRequest
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
         from vllm.v1.request import Request
@@ -219,6 +240,7 @@ class _Vllm:
         self.Request, self.StructuredOutputManager = Request, StructuredOutputManager
         self.ParallelConfig, self.SpeculativeConfig = ParallelConfig, SpeculativeConfig
         self.DraftTokenIds, self.AsyncScheduler = DraftTokenIds, AsyncScheduler
+        self.ParentRequest = ParentRequest
         # vLLM 0.34 dropped ModelRunnerOutput.req_id_to_index (rows follow req_ids)
         self.runner_output_has_index = "req_id_to_index" in {
             f.name for f in dataclasses.fields(ModelRunnerOutput)}
@@ -283,8 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--async", dest="async_scheduling", action="store_true",
                     help="record vLLM's AsyncScheduler (default out: vllm-VERSION-async.jsonl.gz)")
+    ap.add_argument("--parallel-sampling", action="store_true",
+                    help="record the n > 1 configurations of parity/parallel.py (default out: "
+                    "vllm-VERSION-parallel-sampling[-async].jsonl.gz)")
     args = ap.parse_args(argv)
-    configs = generate_configs()
+    configs = generate_parallel_configs() if args.parallel_sampling else generate_configs()
     if args.only:
         known = {c.name for c in configs}
         unknown = [n for n in args.only if n not in known]
@@ -295,7 +320,10 @@ def main(argv: list[str] | None = None) -> int:
         configs = [c for c in configs if c.name in args.only]
     meta, runs = record(configs, progress=not args.no_progress,
                         async_scheduling=args.async_scheduling)
-    out = args.out or default_out(meta["vllm_version"], args.async_scheduling)
+    if args.parallel_sampling:
+        meta["configs"] = PARALLEL_FAMILY
+    out = args.out or default_out(meta["vllm_version"], args.async_scheduling,
+                                  args.parallel_sampling)
     write_trace(out, meta, runs)
     print(f"wrote {out}", file=sys.stderr)
     return 0

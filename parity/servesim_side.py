@@ -1,4 +1,7 @@
-"""servesim's ContinuousScheduler + PagedBlockManager (sim.core only) behind parity.steps.Side.
+"""servesim's ContinuousScheduler + PagedBlockManager (sim.core) behind parity.steps.Side.
+
+A parallel-sampling request (parity.parallel.ParentSpec) is split into its n
+children by sim.serve.parallel.split_children, the split `servesim serve` makes.
 
 With `async_scheduling` the scheduler runs as vLLM's AsyncScheduler and the side
 keeps the plans scheduled and not yet applied, oldest first (parity.steps'
@@ -10,11 +13,13 @@ from __future__ import annotations
 from collections import deque
 
 from parity.configs import ParityConfig, RequestSpec, accepted_drafts
+from parity.parallel import ParentSpec, child_label
 from parity.steps import Scheduled
 from sim.core.kv import PagedBlockManager
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request
 from sim.core.schedulers import ContinuousScheduler
+from sim.serve.parallel import split_children
 
 
 class ServesimSide:
@@ -33,12 +38,17 @@ class ServesimSide:
         self._now = 0.0  # servesim's continuous policy reads no time; steps count it
 
     def add(self, spec: RequestSpec) -> None:
-        req = Request(spec.request_id, self._now, len(spec.prompt_token_ids), spec.output_tokens,
-                      prompt_token_ids=spec.prompt_token_ids)
-        if not self.sched.add(req, self._now):
-            raise RuntimeError(f"servesim rejected request {spec.request_id}: "
-                               f"{req.rejection_reason}")
-        self.requests[spec.request_id] = req
+        if isinstance(spec, ParentSpec):  # n choices: split as `servesim serve` splits them
+            reqs = split_children(child_label(spec.request_id, 0), spec.n, self._now,
+                                  spec.prompt_token_ids, spec.output_tokens)
+        else:
+            reqs = [Request(spec.request_id, self._now, len(spec.prompt_token_ids),
+                            spec.output_tokens, prompt_token_ids=spec.prompt_token_ids)]
+        for req in reqs:
+            if not self.sched.add(req, self._now):
+                raise RuntimeError(f"servesim rejected request {req.request_id}: "
+                                   f"{req.rejection_reason}")
+            self.requests[req.request_id] = req
 
     def schedule(self) -> Scheduled:
         waiting = {r.request_id for r in self.sched.waiting}

@@ -7,9 +7,11 @@ how a step's duration is found differs (predicted there, measured on the engine)
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
+from sim.config.catalogue import link_from_fields
 from sim.config.costs import (
     activation_reserve_bytes,
     kv_bytes_per_token,
@@ -23,6 +25,8 @@ from sim.core.schedulers import Scheduler, SchedulerSettings, resolve_async_sche
 from sim.core.schedulers import build_scheduler as build_policy
 from sim.latency import LatencyModel
 from sim.latency.fixed import FixedLatency
+from sim.latency.kv_transfer import tier_load_s
+from sim.latency.moe_dp_ep import DPEPGroupLatency
 from sim.latency.roofline import RooflineLatency
 from sim.latency.roofline_fits import HOST_SERIAL_SHARE
 
@@ -46,12 +50,13 @@ def kv_budget(scenario: Scenario) -> KVBudget:
     are not freed yet); linear/SSM layers' constant state is set aside for max_num_seqs
     sequences beside the activations.
     """
-    model, tp, cfg = scenario.model_spec, scenario.hardware.count, scenario.scheduler
+    hw, cfg = scenario.hardware, scenario.scheduler
+    model, tp = scenario.model_spec, hw.tensor_parallel  # data parallel: one rank's GPUs
     draft_weights, draft_kv = draft_memory_bytes(scenario)
     return KVBudget(
         memory_bytes=scenario.hardware_spec.memory_bytes,
         memory_utilization=scenario.hardware.memory_utilization,
-        weights_bytes=weights_bytes(model, tp=tp, ep=scenario.hardware.expert_parallel)
+        weights_bytes=weights_bytes(model, tp=tp, ep=hw.expert_parallel, dp=hw.data_parallel)
         + draft_weights,
         activation_reserve_bytes=(
             activation_reserve_bytes(model, cfg.max_num_batched_tokens, cfg.max_num_seqs, tp=tp)
@@ -86,10 +91,38 @@ def build_block_manager(scenario: Scenario, budget: KVBudget) -> KVManager:
     if scenario.kv_mode == "contiguous":
         return ContiguousAllocator(num_blocks, kv.block_size, kv.watermark)
     # the host pool holds every GPU's shard of a swapped block
-    block_bytes = budget.kv_bytes_per_token * scenario.hardware.count * kv.block_size
+    block_bytes = budget.kv_bytes_per_token * scenario.hardware.tensor_parallel * kv.block_size
     host_blocks = int(kv.host_swap_gib * 2**30 // block_bytes)
+    offload_blocks = int(kv.offload_host_gib * 2**30 // block_bytes)
+    if kv.offload_host_gib and not offload_blocks:
+        raise ValueError(f"kv.offload_host_gib: {kv.offload_host_gib} GiB holds no whole KV "
+                         f"block of {block_bytes:.0f} bytes; give at least "
+                         f"{block_bytes / 2**30:.3g} GiB, or 0 for no offload tier")
+    if offload_blocks and not kv.prefix_caching:
+        raise ValueError("kv.offload_host_gib: the offload tier holds the prefix cache's "
+                         "evicted blocks; set kv.prefix_caching: true, or 0 GiB")
+    disk_blocks = offload_disk_blocks(scenario, block_bytes, offload_blocks)
+    links = (scenario.hardware_spec.host_link, link_from_fields(kv.offload_disk_link))
     return PagedBlockManager(num_blocks, kv.block_size, kv.watermark,
-                             enable_prefix_cache=kv.prefix_caching, host_swap_blocks=host_blocks)
+                             enable_prefix_cache=kv.prefix_caching, host_swap_blocks=host_blocks,
+                             offload_blocks=offload_blocks, offload_disk_blocks=disk_blocks,
+                             offload_load_s=partial(tier_load_s, links,
+                                                    budget.kv_bytes_per_token * kv.block_size),
+                             offload_async=kv.offload_load == "async")
+
+
+def offload_disk_blocks(scenario: Scenario, block_bytes: float, host_blocks: int) -> int:
+    """The disk tier's blocks (kv.offload_disk_gib); errors name the field."""
+    gib = scenario.kv.offload_disk_gib
+    blocks = int(gib * 2**30 // block_bytes)
+    if gib and not blocks:
+        raise ValueError(f"kv.offload_disk_gib: {gib} GiB holds no whole KV block of "
+                         f"{block_bytes:.0f} bytes; give at least {block_bytes / 2**30:.3g} "
+                         f"GiB, or 0 for no disk tier")
+    if blocks and not host_blocks:
+        raise ValueError("kv.offload_disk_gib: the disk tier sits below the host tier; set "
+                         "kv.offload_host_gib > 0 as well, or 0 GiB of disk")
+    return blocks
 
 
 def scheduler_settings(scenario: Scenario, device: str | None = None) -> SchedulerSettings:
@@ -178,5 +211,19 @@ def build_latency(scenario: Scenario, base_dir: Path | None = None) -> LatencyMo
     if is_async(scenario):
         options["host_serial_share"] = (HOST_SERIAL_SHARE if cfg.host_serial_share is None
                                         else cfg.host_serial_share)
-    return RooflineLatency(scenario.model_spec, scenario.hardware_spec, tp=scenario.hardware.count,
-                           ep=scenario.hardware.expert_parallel, **options)
+    hw = scenario.hardware
+    return RooflineLatency(scenario.model_spec, scenario.hardware_spec, tp=hw.tensor_parallel,
+                           ep=hw.expert_parallel, dp=hw.data_parallel, **options)
+
+
+def build_group_latency(scenario: Scenario) -> DPEPGroupLatency:
+    """Data-parallel ranks in lockstep (hardware.data_parallel > 1): one rank's roofline
+    (build_latency) and the all-to-all over the GPUs' link (hardware.link, else the GPU's)."""
+    rank = build_latency(synchronous(scenario))  # the group overlaps the host itself
+    if not isinstance(rank, RooflineLatency):  # the scenario's checks allow only the roofline
+        raise ValueError("latency.model: data-parallel ranks need the roofline")
+    share = 1.0
+    if is_async(scenario):
+        configured = scenario.latency.host_serial_share
+        share = HOST_SERIAL_SHARE if configured is None else configured
+    return DPEPGroupLatency(rank, scenario.hardware_spec.link, share)

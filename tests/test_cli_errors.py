@@ -221,8 +221,8 @@ def test_one_run_per_directory_with_its_provenance(
     assert cli(capsys, "run", str(path), "--out", str(out), "--timeline", "8", "--quiet")[0] == 0
     assert (out / "timeline.csv").is_file()
     assert cli(capsys, "run", str(path), "--out", str(out), "--quiet", "--no-plots")[0] == 0
-    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "summary.json",
-                                                     "timeseries.csv"]
+    assert sorted(p.name for p in out.iterdir()) == [".servesim-manifest.json", "requests.csv",
+                                                     "summary.json", "timeseries.csv"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".servesim-")]
     stamp = json.loads((out / "summary.json").read_text())["provenance"]
     assert stamp["servesim_version"] == __version__
@@ -286,9 +286,12 @@ def test_engine_replay_modes_get_their_own_directories() -> None:
 def test_ctrl_c_exits_130_with_one_line_and_keeps_the_old_result(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
         ) -> None:
+    from sim.results.files.manifest import write_manifest
+
     out = tmp_path / "out"
     out.mkdir()
     (out / "summary.json").write_text("old")
+    write_manifest(out, "run")  # an earlier run's result
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt

@@ -64,9 +64,12 @@ def interrupt_when_under_way(argv: list[str], parent: Path) -> subprocess.Comple
 @pytest.mark.parametrize("command", ["run", "compare"])
 def test_ctrl_c_stops_with_130_one_line_and_no_partial_directory(
         tmp_path: Path, command: str) -> None:
+    from sim.results.files.manifest import write_manifest
+
     out = tmp_path / "out"
     out.mkdir()
     (out / "summary.json").write_text("old")
+    write_manifest(out, command)  # an earlier result of the same command
     path = tmp_path / "s.yaml"
     path.write_text(LONG if command == "run" else LONG_SPEC)
     extra = ["--jobs", "2"] if command == "compare" else []

@@ -153,7 +153,8 @@ def test_one_replica_is_exactly_the_single_replica_path() -> None:
     today = summarize(s, budget, recorder, [ReplicaSetup(sched, latency, recorder, kv)])
     rows = fleet_summary.pop("replicas")
     for key in ("latency_model", "simulation_wall_s", "summary_schema_version",
-                "frontend_offset_ms", *(k for k in list(fleet_summary) if k.startswith("engine_"))):
+                "frontend_offset_ms", "prediction_interval",
+                *(k for k in list(fleet_summary) if k.startswith("engine_"))):
         fleet_summary.pop(key)
     steady = steady_summary(recorder.request_batches().series(), recorder.itl_slices)
     assert json.dumps({k: fleet_summary.pop(k) for k in steady}, sort_keys=True) == json.dumps(

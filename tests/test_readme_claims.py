@@ -4,6 +4,7 @@ example and its links are what the current code gives and what the repository ho
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,55 @@ def test_readme_worked_example_is_what_the_simulator_gives(
     assert _metrics_block(shown) == _metrics_block(printed)
     window = [line for line in printed if line.startswith("Window ")]
     assert window and window[0] in shown  # the steady-state line, as printed
+
+
+def _figures() -> tuple[object, dict[str, str]]:
+    """benchmarks/readme_figures.py and docs/figures.md's sections, as regenerate.py has them."""
+    benchmarks = str(ROOT / "benchmarks")
+    if benchmarks not in sys.path:
+        sys.path.insert(0, benchmarks)
+    import readme_figures
+    from regenerate import read_sections
+
+    return readme_figures, read_sections((ROOT / "docs" / "figures.md").read_text())
+
+
+def test_every_figures_block_is_what_docs_figures_gives() -> None:
+    readme_figures, sections = _figures()
+    blocks = readme_figures.BLOCK.findall(README)
+    assert {name for name, _ in blocks} == set(readme_figures.BLOCKS)  # each quoted once+
+    for name, body in blocks:
+        rendered = readme_figures.BLOCK.search(
+            readme_figures.render(f"<!-- figures: {name} -->{body}<!-- end figures: {name} -->",
+                                  sections)).group(2)
+        assert body == rendered, f"README block {name!r} differs from docs/figures.md"
+
+
+def test_a_changed_figure_fails_the_comparison() -> None:
+    readme_figures, sections = _figures()
+    name, body = readme_figures.BLOCK.findall(README)[0]
+    digits = re.search(r"\d+\.\d+", body)
+    assert digits, name
+    stale = body[:digits.start()] + "9" + body[digits.start():]
+    text = f"<!-- figures: {name} -->{stale}<!-- end figures: {name} -->"
+    assert readme_figures.render(text, sections) != text
+
+
+# the commands whose whole output the README copies from docs/figures.md (regenerate.py's
+# refresh_readme), as the README shows them and as the figures step ran them; wall-time
+# lines included, since the README says whose they are
+QUICKSTART = "servesim run scenarios/quickstart.yaml"
+CAPACITY = "servesim capacity --model llama-3-8b --gpu h100-sxm --context 8192 --batch 32"
+PLAN = "servesim plan scenarios/plan_llama70b.yaml --rate 40 --gpu h100-sxm,h200"
+COPIED = {"quickstart": (QUICKSTART, QUICKSTART + " --timeline 6 --out results/quickstart"),
+          "capacity": (CAPACITY, CAPACITY), "plan": (PLAN, PLAN)}
+
+
+@pytest.mark.parametrize("step", sorted(COPIED))
+def test_copied_outputs_are_docs_figures(step: str) -> None:
+    _, sections = _figures()
+    shown, ran = COPIED[step]
+    assert fenced_after(README, f"$ {shown}") == fenced_after(sections[step], f"$ {ran}")
 
 
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")

@@ -356,7 +356,7 @@ def test_both_readers_give_the_same_cells_and_the_files_own_line_numbers(
 
 
 @pytest.mark.parametrize("cells", [["1", "007", "42"], ["+3", " 12", "4"], ["1_000", "2"],
-                                   ["9" * 18, "0"], ["\u0661\u0662", "3"]])
+                                   ["9" * 8, "0"], ["\u0661\u0662", "3"]])
 def test_token_counts_read_as_numpy_reads_them(tmp_path: Path, cells: list[str]) -> None:
     got = counts(cells, list(range(2, 2 + len(cells))), tmp_path / "t.csv", "prompt_tokens")
     assert got.dtype == np.int64

@@ -21,8 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from parity.compare import ASYNC_TRACE, DEFAULT_TRACE, first_difference, load_recorded
+from parity.compare import (
+    ASYNC_TRACE,
+    DEFAULT_TRACE,
+    PARALLEL_ASYNC_TRACE,
+    PARALLEL_TRACE,
+    first_difference,
+    load_recorded,
+)
 from parity.configs import FAMILIES, SPEC_METHODS, generate_configs, runs_async
+from parity.parallel import FAMILY as PARALLEL_FAMILY
+from parity.parallel import MAX_N, generate_parallel_configs
 from parity.servesim_side import ServesimSide
 from parity.steps import RunResult, StepRecord, run_config, run_config_async
 
@@ -32,6 +41,9 @@ BY_NAME = {c.name: c for c in CONFIGS}
 META, RECORDED = load_recorded(DEFAULT_TRACE)
 ASYNC_META, ASYNC_RECORDED = load_recorded(ASYNC_TRACE)
 ASYNC_CONFIGS = [c for c in CONFIGS if runs_async(c)]
+PARALLEL = {c.name: c for c in generate_parallel_configs()}
+PARALLEL_RECORDED = {False: load_recorded(PARALLEL_TRACE),
+                     True: load_recorded(PARALLEL_ASYNC_TRACE)}
 
 
 
@@ -234,8 +246,60 @@ def test_first_difference_names_the_step_and_both_sides() -> None:
 
 def test_recorder_does_not_import_servesim() -> None:
     """The vLLM side runs in vLLM's venv, where sim and simpy do not exist."""
-    for module in ("record_vllm", "configs", "steps", "trace"):
+    for module in ("record_vllm", "configs", "steps", "trace", "parallel"):
         tree = ast.parse((PARITY / f"{module}.py").read_text())
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         assert not [x for x in names if x.split(".")[0] in ("sim", "simpy")], module
+
+
+# -- n > 1: vLLM's frontend splits a request into n children (parity/parallel.py) ----------
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_parallel_traces_are_vllm_0_32_on_these_configurations(async_scheduling: bool) -> None:
+    meta, recorded = PARALLEL_RECORDED[async_scheduling]
+    assert meta["vllm_version"] == "0.32.0" and meta["configs"] == PARALLEL_FAMILY
+    assert bool(meta["async_scheduling"]) is async_scheduling
+    assert set(recorded) == set(PARALLEL)
+    stale = [n for n, run in recorded.items() if run.digest != PARALLEL[n].digest]
+    assert not stale, f"re-record with --parallel-sampling: the generator changed {stale[:3]}"
+    assert not {n: run.error for n, run in recorded.items() if run.error}
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("name", list(PARALLEL))
+def test_servesim_splits_n_as_vllm_does(name: str, async_scheduling: bool) -> None:
+    """servesim's split (sim.serve.parallel, what `servesim serve` runs) through its
+    scheduler makes the decisions vLLM made with its ParentRequest's children."""
+    config = PARALLEL[name]
+    run = run_config_async if async_scheduling else run_config
+    mine = run(config, ServesimSide(config, async_scheduling))
+    mismatch = first_difference(PARALLEL_RECORDED[async_scheduling][1][name], mine)
+    assert mismatch is None, mismatch.describe()
+
+
+def test_the_parallel_runs_reach_what_n_changes() -> None:
+    """vLLM admitted siblings in one step, the later ones hitting the first one's full
+    prompt blocks; split one parent's children over steps; and preempted children."""
+    _, recorded = PARALLEL_RECORDED[False]
+    together_hit = split = preempted = 0
+    for name, run in recorded.items():
+        config = PARALLEL[name]
+        prompt = {r.request_id: len(r.prompt_token_ids) for r in config.requests}
+        n_of = {r.request_id: r.n for r in config.requests}
+        first_step: dict[int, int] = {}  # child -> the step that first admitted it
+        for step in run.steps:
+            parents = [rid // MAX_N for rid, _ in step.admitted]
+            for rid, hit in step.admitted:
+                parent, index = divmod(rid, MAX_N)
+                first_step.setdefault(rid, step.step)
+                full = (prompt[parent] - 1) // config.block_size * config.block_size
+                if config.prefix_caching and index > 0 and parents.count(parent) > 1 \
+                        and full and hit >= full:
+                    together_hit += 1
+            preempted += sum(n_of[rid // MAX_N] > 1 for rid in step.preempted)
+        steps_of: dict[int, set[int]] = {}
+        for rid, at in first_step.items():
+            steps_of.setdefault(rid // MAX_N, set()).add(at)
+        split += sum(len(steps) > 1 for steps in steps_of.values())
+    assert min(together_hit, split, preempted) > 0, (together_hit, split, preempted)

@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("engine", "register"),
     "calibrate": ("calibrate", "register"),  # its commands load calibrate (and torch) as they run
     "serve": ("serve", "add_serve"),  # aiohttp (and, with --engine, torch) only when it runs
-    "load": ("serve", "add_load"),
+    "load": ("serve_load", "add_load"),
 }
 
 
@@ -88,6 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _drop_stdout()
         return 141
     except Exception as err:  # noqa: BLE001 - re-raised unless Ctrl-C caused it
+        from sim.results.files.output_dir import OutputDirError
+
+        if isinstance(err, OutputDirError):  # a result that could not be put in place
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         if not interrupts.caused_by_interrupt(err):
             raise
         interrupts.stop()

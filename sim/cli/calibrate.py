@@ -2,15 +2,18 @@
 
 `profile` (run the engine over a grid of step shapes) and `validate` (engine
 vs simulator on one trace) need the engine: their parsers live in
-sim.cli.calibrate_commands, which loads torch only when one of them runs. The
-calibrate package itself is imported only inside the commands.
+sim.cli.calibrate_profile and sim.cli.calibrate_commands, which load torch only when
+one of them runs. The calibrate package itself is imported only inside the commands.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
+
+from sim.cli.run import add_force_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def register_profile(commands: argparse._SubParsersAction) -> None:
     """`calibrate profile --model SPEC --device cpu|cuda --out DIR` (calibrate/profile/run.py)."""
-    from sim.cli.calibrate_commands import add_profile
+    from sim.cli.calibrate_profile import add_profile
 
     add_profile(commands)
 
@@ -57,16 +60,14 @@ def _register_fit(commands: argparse._SubParsersAction) -> None:
 def _fit(args: argparse.Namespace) -> int:
     from calibrate.fit import fit_table, format_report
     from sim.latency.table_format import FIT_FILE, TableError
-    from sim.results.files.output_dir import OutputDirError, check_output_dir
+    from sim.results.files.output_dir import OutputDirError, Staging
 
-    try:
-        check_output_dir(Path(args.dir), "DIR")  # fit.json goes there: refuse before fitting
-    except OutputDirError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    try:
-        report = fit_table(args.dir, args.timing, args.holdout_every, args.seed)
-    except TableError as err:
+    try:  # locked while fitting; fit.json is staged, then added to DIR whole
+        with Staging(Path(args.dir), "DIR", "calibrate fit", adds=True) as stage:
+            report = fit_table(args.dir, args.timing, args.holdout_every, args.seed,
+                               out=stage.path)
+            stage.commit()
+    except (OutputDirError, TableError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(format_report(report))
@@ -89,6 +90,7 @@ def _register_import(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu", required=True, help="catalogue GPU it ran on, e.g. a100-80gb")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
     p.add_argument("--out", required=True, help="table directory to write")
+    add_force_option(p)
     p.add_argument("--attention", default=None, metavar="FILE",
                    help="vidur: an attention.csv elsewhere than DIR")
     p.add_argument("--cpu-overheads", default=None, metavar="FILE",
@@ -107,7 +109,7 @@ def _import(args: argparse.Namespace) -> int:
     from calibrate.published.import_profile import describe, import_profile
     from sim.config.catalogue import get_hardware, get_model
     from sim.latency.table_format import TableError
-    from sim.results.files.output_dir import OutputDirError, check_output_dir
+    from sim.results.files.output_dir import OutputDirError, Staging
 
     for option, value in (("--tp", args.tp), ("--block-size", args.block_size),
                           ("--max-num-batched-tokens", args.max_num_batched_tokens),
@@ -117,12 +119,14 @@ def _import(args: argparse.Namespace) -> int:
             return 2
     try:
         spec, hardware = get_model(args.model), get_hardware(args.gpu)
-        check_output_dir(Path(args.out), "--out")
-        result = import_profile(
-            args.source, args.dir, spec, hardware, args.out, args.tp, args.block_size,
-            args.max_num_batched_tokens, args.max_num_seqs,
-            Path(args.attention) if args.attention else None,
-            Path(args.cpu_overheads) if args.cpu_overheads else None, args.commit)
+        with Staging(Path(args.out), "--out", "calibrate import", args.force) as stage:
+            result = import_profile(
+                args.source, args.dir, spec, hardware, stage.path, args.tp, args.block_size,
+                args.max_num_batched_tokens, args.max_num_seqs,
+                Path(args.attention) if args.attention else None,
+                Path(args.cpu_overheads) if args.cpu_overheads else None, args.commit)
+            stage.commit()
+        result = dataclasses.replace(result, directory=Path(args.out))
     except (OutputDirError, TableError, ValueError, KeyError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"error: {message}", file=sys.stderr)

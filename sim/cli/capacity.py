@@ -78,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
             check_tp(model, tp)
         except ValueError as err:
             raise ValueError(f"--gpus {tp}: {err}") from None
+        dp = positive_int("--dp", args.dp)
+        if dp > 1:
+            return _data_parallel(args, model, hw, tp, ep, dp)
         try:
             check_ep(model, tp, ep)
         except ValueError as err:
@@ -101,6 +104,34 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report["fits"] else EXIT_DOES_NOT_FIT
 
 
+def _data_parallel(args: argparse.Namespace, model: ModelSpec, hw: HardwareSpec, gpus: int,
+                   ep: int, dp: int) -> int:
+    """`--dp N`: the DP/EP sheet (sim.config.capacity_dp), every term per GPU; exit 1 when
+    a rank holds no sequence."""
+    from sim.cli.capacity_args import context_tokens, number, positive_int
+    from sim.cli.capacity_dp_sheet import format_dp_report
+    from sim.config.capacity_dp import dp_ep_report
+    from sim.config.specs import check_ep, check_tp
+
+    if gpus % dp:
+        raise ValueError(f"--dp {dp}: must divide --gpus {gpus} into equal tensor-parallel "
+                         "ranks")
+    tp = gpus // dp
+    try:
+        check_tp(model, tp)
+        check_ep(model, tp, ep, dp)
+    except ValueError as err:
+        hint = f" (give --ep {gpus})" if model.is_moe and ep != gpus else ""
+        raise ValueError(f"--dp {dp}: {err}{hint}") from None
+    report = dp_ep_report(
+        model, hw, dp, tp, context_tokens=context_tokens(args.context),
+        memory_utilization=number(float, "--memory-utilization", args.memory_utilization,
+                                  "a fraction in (0, 1]", lambda v: 0 < v <= 1),
+        block_size=positive_int("--block-size", args.block_size))
+    print(json.dumps(report, indent=2) if args.json else format_dp_report(report))
+    return 0 if report["rank_max_concurrency"] >= 1 else EXIT_DOES_NOT_FIT
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `capacity`; numbers are parsed in `run` so bad ones get a one-line error."""
     p = subparsers.add_parser(
@@ -118,6 +149,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ep", default="1", help="MoE: expert-parallel GPUs of the --gpus group, "
                    "each holding num_experts / ep whole experts (default 1: experts sliced "
                    "by tensor parallelism)")
+    p.add_argument("--dp", default="1", help="MoE: data-parallel attention ranks over the "
+                   "--gpus GPUs (--gpus / dp GPUs of TP each), experts over all of them "
+                   "(give --ep equal to --gpus); prints the per-GPU DP/EP memory split")
     p.add_argument("--context", default="8192",
                    help="tokens per sequence, or e.g. 128k = 131072 (default 8192)")
     p.add_argument("--batch", default="32", help="concurrent sequences (default 32)")

@@ -10,8 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sim.config.catalogue import DEFAULT_MODEL, get_model, model_from_fields, spec_fields
 from sim.config.dtypes import get_dtype
 from sim.config.hf_config import read_hf_config
@@ -89,11 +87,14 @@ def load_model(args: argparse.Namespace) -> ModelSpec:
             print(f"servesim capacity: note: {line}", file=sys.stderr)
         fields = spec_fields(loaded.spec)
     elif args.model_file:
+        from sim.config.yaml_input import ScenarioError, read_yaml
+
         path = Path(args.model_file)
-        try:
-            loaded_fields = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as err:
-            raise ValueError(f"--model-file {str(path)!r}: cannot read: {err}") from None
+        try:  # bounded, regular files only, duplicate keys refused (sim.config.yaml_input)
+            loaded_fields = read_yaml(path, "model")
+        except ScenarioError as err:
+            lead = "" if "cannot read" in str(err) else "cannot read: "
+            raise ValueError(f"--model-file: {lead}{err}") from None
         if not isinstance(loaded_fields, dict):
             raise ValueError(f"--model-file {str(path)!r}: must hold a mapping of model fields")
         fields.update(loaded_fields)

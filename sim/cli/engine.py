@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sim.cli.run import add_force_option
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("engine", help="run the real PyTorch engine (needs torch)")
@@ -48,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--out", help="output directory (default: results/<name>_engine, or "
                                  "results/<name>_engine_virtual with --virtual-clock; plus the "
                                  "--set overrides and --device, if any)")
+    add_force_option(r)
     r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     r.add_argument("--quiet", action="store_true", help="no progress bar, no table")
     r.set_defaults(func=_replay)
@@ -108,7 +111,7 @@ def _replay(args: argparse.Namespace) -> int:
         scenario, base_dir = load_scenario(args.scenario, args.overrides)
         out_dir, field = out_dir_of(args.out, None, replay_dir(
             scenario.name, args.overrides, args.device, args.virtual_clock))
-        stage = Staging(out_dir, field)  # before torch loads and the engine runs
+        stage = Staging(out_dir, field, "engine replay", args.force)  # before torch loads
     except (ScenarioError, OutputDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

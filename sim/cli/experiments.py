@@ -10,7 +10,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from sim.cli.run import out_dir_of
+from sim.cli.run import add_force_option, out_dir_of
+
+
+def _add_set_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"override a field of {what}, as `servesim run --set` does, e.g. --set "
+                        "scheduler.max_num_seqs=64 (repeatable; the default output directory "
+                        "gains +KEY=VALUE)")
 
 
 def _add_backend_options(p: argparse.ArgumentParser) -> None:
@@ -21,6 +28,7 @@ def _add_backend_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler-address", default=None, metavar="ADDR",
                    help="Dask scheduler to connect to (default: start a LocalCluster)")
     p.add_argument("--out", help="output directory")
+    add_force_option(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar, no table")
 
 
@@ -32,6 +40,7 @@ def add_sweep(sub: argparse._SubParsersAction) -> None:
                         " (repeatable: the cartesian product runs)")
     p.add_argument("--plots", action="store_true",
                    help="also write each point's outputs and plots under OUT/runs/")
+    _add_set_option(p, "the scenario at every grid point")
     _add_backend_options(p)
     p.set_defaults(func=_sweep)
 
@@ -48,21 +57,22 @@ def _sweep(args: argparse.Namespace) -> int:
         sweep,
         write_table,
     )
-    from sim.results.files.output_dir import OutputDirError, Staging
+    from sim.results.files.output_dir import OutputDirError, Staging, variant_dir
 
-    default = Path("results") / f"sweep_{Path(args.scenario).stem}"
+    default = variant_dir(f"sweep_{Path(args.scenario).stem}", args.overrides)
     out_dir, field = out_dir_of(args.out, None, default)
     try:
         grid = parse_grid(args.grid)
         backend = Backend(args.backend, args.jobs, args.scheduler_address)
-        stage = Staging(out_dir, field)
+        stage = Staging(out_dir, field, "sweep", args.force)
     except (SweepError, OutputDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     with stage:
         try:
             table = sweep(args.scenario, grid, backend, stage.path, plots=args.plots,
-                          progress=not args.quiet, cache=PointCache.beside(out_dir))
+                          progress=not args.quiet, cache=PointCache.beside(out_dir),
+                          sets=args.overrides)
         except (SweepError, ScenarioError, ValueError, FileNotFoundError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -80,8 +90,29 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="variants of a scenario on the same requests, over load")
     p.add_argument("spec", help="compare spec YAML (base scenario, variants, rates)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--confidence", type=float, default=None, metavar="C",
+                   help="the SLO search's rates must meet the SLOs at this probability (e.g. "
+                   "0.95) under simulation noise and the model's error against real servers: "
+                   "bounds tightened by the model error, attainment's lower bound at the "
+                   "threshold (docs/uncertainty.md)")
+    _add_set_option(p, "the base scenario (not one a variant or the rates set)")
     _add_backend_options(p)
     p.set_defaults(func=_compare)
+
+
+def _confident_sets(raw_slo: dict | None, confidence: float) -> tuple[list[str], str]:
+    """`--set slo.*` overrides tightening the base's SLO bounds at `confidence`, and a line
+    saying what they became."""
+    from sim.results.stats.model_error import load_description
+    from sim.results.stats.prediction import tightened_slo
+
+    given = {k: v for k, v in (raw_slo or {}).items() if isinstance(v, int | float)}
+    tight = tightened_slo(given, confidence, load_description())
+    sets = [f"slo.{k}={v!r}" for k, v in tight.items() if v is not None]
+    said = ", ".join(f"{k} {given[k]:g} -> {v:.4g}" for k, v in tight.items() if v is not None)
+    return sets, (f"SLO search at {confidence:.0%} confidence: bounds the runs meet {said} "
+                  "(the model error's factor), and attainment's 95% lower bound must reach "
+                  "the threshold")
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -89,22 +120,32 @@ def _compare(args: argparse.Namespace) -> int:
     from sim.experiments.cache import CACHE_DIR, PointCache
     from sim.experiments.compare import format_compare, load_spec, run_compare, write_compare
     from sim.experiments.sweep import Backend, SweepError
-    from sim.results.files.output_dir import OutputDirError, Staging
+    from sim.results.files.output_dir import OutputDirError, Staging, variant_dir
 
     try:
-        base = load_spec(args.spec)
+        base = load_spec(args.spec, args.overrides)
+        said = ""
+        if args.confidence is not None:
+            from sim.cli.plan import check_confidence
+
+            check_confidence(args.confidence)
+            sets, said = _confident_sets(base.raw.get("slo"), args.confidence)
+            base = load_spec(args.spec, [*args.overrides, *sets])
         backend = Backend(args.backend, args.jobs, args.scheduler_address)
         name = base.spec.name or Path(args.spec).stem
-        out_dir, field = out_dir_of(args.out, base.spec.out, Path("results") / f"compare_{name}",
+        named = [*args.overrides, *([f"confidence={args.confidence:g}"]
+                                    if args.confidence is not None else [])]
+        out_dir, field = out_dir_of(args.out, base.spec.out,
+                                    variant_dir(f"compare_{name}", named),
                                     config_field=f"{args.spec}: out")
-        stage = Staging(out_dir, field)
-    except (SweepError, ScenarioError, OutputDirError) as err:
+        stage = Staging(out_dir, field, "compare", args.force)
+    except (SweepError, ScenarioError, OutputDirError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     with stage:
         try:
             result = run_compare(base, backend, progress=not args.quiet,
-                                 cache=PointCache.beside(out_dir))
+                                 cache=PointCache.beside(out_dir), confidence=args.confidence)
         except (SweepError, ScenarioError, ValueError, FileNotFoundError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -112,6 +153,8 @@ def _compare(args: argparse.Namespace) -> int:
         stage.commit()
     if not args.quiet:
         print(format_compare(result))
+        if said:
+            print(said)
         print(f"{len(result.probes)} runs ({result.reused} reused from {CACHE_DIR}/); "
               f"results in {out_dir}/")
     return 0

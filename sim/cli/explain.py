@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # loaded by the commands, not by `servesim --help`
     import pandas as pd
@@ -41,29 +41,42 @@ def check_png_path(path: Path) -> None:
         raise UsageError(str(err)) from None
 
 
-def load_run(run_dir: str | Path) -> tuple[pd.DataFrame, str]:
-    """requests.csv of a finished run and its scheduling policy (from summary.json)."""
-    import pandas as pd
+def load_run(run_dir: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """requests.csv of a finished run, checked row by row, and its summary.json (or {})."""
+    from sim.observe.run_files import read_requests
 
     run_dir = Path(run_dir)
     requests = run_dir / "requests.csv"
     if not requests.is_file():
         raise UsageError(f"RUN_DIR {str(run_dir)!r}: no requests.csv there; give the output "
                          "directory of `servesim run` (default results/<scenario name>)")
-    policy = "continuous"
-    summary = run_dir / "summary.json"
-    if summary.is_file():
-        policy = json.loads(summary.read_text()).get("scheduler_policy", policy)
-    return pd.read_csv(requests), policy
+    summary: dict[str, Any] = {}
+    summary_path = run_dir / "summary.json"
+    if summary_path.is_file():
+        try:
+            loaded = json.loads(summary_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise UsageError(f"{summary_path}: not readable as JSON ({str(err)[:60]}); "
+                             "re-run the scenario") from None
+        summary = loaded if isinstance(loaded, dict) else {}
+    counts = [summary.get(key) for key in ("completed", "rejected")]
+    replicated = isinstance(summary.get("ci95"), dict) and "replications" in summary["ci95"]
+    expected = None if replicated or not all(type(c) is int for c in counts) else \
+        sum(counts)  # type: ignore[arg-type]
+    return read_requests(requests, expected), summary
 
 
 def _explain(args: argparse.Namespace) -> int:
     from sim.observe.explain import DiagnosisError, explain_run
 
     try:
-        frame, policy = load_run(args.run_dir)
+        frame, summary = load_run(args.run_dir)
         slowest = _positive("--slowest", args.slowest)
-        print(explain_run(frame, policy, slowest=slowest, request_id=args.request))
+        policy = summary.get("scheduler_policy")
+        p99 = summary.get("p99_ttft_ms")
+        print(explain_run(frame, policy if policy in POLICIES else "continuous",
+                          slowest=slowest, request_id=args.request,
+                          p99_ttft_ms=float(p99) if isinstance(p99, int | float) else None))
     except (UsageError, DiagnosisError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -107,7 +120,8 @@ def _plot_slots(args: argparse.Namespace) -> int:
             raise UsageError(f"--policies: {args.policies!r} is not a comma-separated list of "
                              f"{', '.join(POLICIES)}")
         for name in ("requests", "steps", "slots"):
-            _positive(f"--{name}", getattr(args, name))
+            if getattr(args, name) is not None:
+                _positive(f"--{name}", getattr(args, name))
         scenario, base_dir = load_scenario(args.scenario, args.overrides)
         if args.mean_output < 0:
             raise UsageError(f"--mean-output: must be >= 0 tokens, got {args.mean_output}")
@@ -149,7 +163,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--policies", default="static,continuous",
                    help=f"comma-separated, from {', '.join(POLICIES)} (default static,continuous)")
     s.add_argument("--requests", type=int, default=40, help="first N requests (default 40)")
-    s.add_argument("--steps", type=int, default=200, help="steps drawn per policy (default 200)")
+    s.add_argument("--steps", type=int, default=None,
+                   help="steps drawn per policy (default: until every request has finished, "
+                        "at most 10,000)")
     s.add_argument("--slots", type=int, default=8,
                    help="batch slots: static/dynamic batch size, continuous max_num_seqs "
                         "(default 8)")

@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from sim.cli.run import out_dir_of
+from sim.cli.run import add_force_option, out_dir_of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,6 +18,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, required=True, help="target arrival rate, req/s")
     p.add_argument("--gpu", default="h100-sxm,h200", help="GPU types to consider (catalogue)")
     p.add_argument("--tp", default="1,2,4,8", help="tensor-parallel degrees to consider")
+    p.add_argument("--dp", default="auto", help="data-parallel degrees of MoE layouts: DP=N "
+                   "ranks x TP=T with the experts over all N x T GPUs, at the --tp GPU counts, "
+                   "one DP group each (docs/moe_dp_ep.md); auto: every N for an MoE model, "
+                   "none for a dense one; 1: pure TP only")
+    p.add_argument("--dp-batched-tokens", type=int, default=None, metavar="N",
+                   help="a DP rank's max_num_batched_tokens in the DP layouts (default: the "
+                   "scenario's): a smaller prefill chunk on one rank stalls the others less")
     p.add_argument("--slo", default=None, help="bounds on the percentile, e.g. "
                    "'ttft:2000 tpot:100' (default: the scenario's slo section)")
     p.add_argument("--percentile", default="p99", choices=("median", "p90", "p99"),
@@ -26,10 +34,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-replicas", type=int, default=32,
                    help="most replicas a candidate is simulated with")
     p.add_argument("--requests", type=int, default=2000, help="requests per simulated fleet")
+    p.add_argument("--confidence", type=float, default=None, metavar="C",
+                   help="the SLO must hold at this probability (e.g. 0.95) under simulation "
+                   "noise and the model's error against real servers (docs/uncertainty.md); "
+                   "also prints the point estimate's pick and the GPUs the confidence costs")
     p.add_argument("--jobs", type=int, default=None, help="parallel simulations")
     p.add_argument("--backend", default="loky", choices=("loky", "dask", "ray"),
                    help="joblib backend: local processes, a Dask or a Ray cluster")
     p.add_argument("--out", help="output directory (default results/plan_<scenario>)")
+    add_force_option(p)
     p.add_argument("--no-plots", action="store_true", help="skip plan.png")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no answer printed")
     p.set_defaults(func=_plan)
@@ -38,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _question(args: argparse.Namespace):  # noqa: ANN202 - a PlanQuestion, imported lazily
     from sim.config.catalogue import get_hardware
     from sim.config.loader import read_scenario_raw
+    from sim.experiments.plan_layouts import parse_dps
     from sim.experiments.plan_run import PlanQuestion
     from sim.results.stats.slo import SLO
 
@@ -46,6 +60,7 @@ def _question(args: argparse.Namespace):  # noqa: ANN202 - a PlanQuestion, impor
     if args.max_replicas < 1 or args.requests < 100:
         raise ValueError("--max-replicas must be >= 1 and --requests >= 100, got "
                          f"{args.max_replicas} and {args.requests}")
+    check_confidence(args.confidence)
     gpus = tuple(g.strip() for g in args.gpu.split(",") if g.strip())
     for g in gpus:
         get_hardware(g)  # an unknown name: its error lists the catalogue
@@ -68,9 +83,21 @@ def _question(args: argparse.Namespace):  # noqa: ANN202 - a PlanQuestion, impor
     slo = SLO.parse(args.slo) if args.slo else SLO(**(raw.get("slo") or {}))
     if slo.ttft_ms is None and slo.tpot_ms is None:
         raise ValueError("--slo: give ttft and/or tpot bounds (or an slo section)")
-    return PlanQuestion(raw, str(path), path.resolve().parent, args.rate, gpus, tps,
-                        slo.ttft_ms, slo.tpot_ms, args.percentile, tuple(prices.items()),
-                        args.max_replicas, args.requests)
+    question = PlanQuestion(raw, str(path), path.resolve().parent, args.rate, gpus, tps,
+                            slo.ttft_ms, slo.tpot_ms, args.percentile, tuple(prices.items()),
+                            args.max_replicas, args.requests, confidence=args.confidence)
+    model = question.scenario(gpus[0], tps[0], 1).model_spec
+    if args.dp_batched_tokens is not None and args.dp_batched_tokens < 1:
+        raise ValueError(f"--dp-batched-tokens: a token budget >= 1, got "
+                         f"{args.dp_batched_tokens}")
+    return replace(question, dps=parse_dps(args.dp, model, tps),
+                   dp_batched_tokens=args.dp_batched_tokens)
+
+
+def check_confidence(value: float | None) -> None:
+    """--confidence: a probability in [0.5, 1) (ValueError naming the option otherwise)."""
+    if value is not None and not 0.5 <= value < 1:
+        raise ValueError(f"--confidence: a probability in [0.5, 1), e.g. 0.95; got {value}")
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -86,7 +113,7 @@ def _plan(args: argparse.Namespace) -> int:
     try:
         question = _question(args)
         question.scenario(question.gpus[0], question.tps[0], 1)  # a bad base fails now
-        stage = Staging(out_dir, field)
+        stage = Staging(out_dir, field, "plan", args.force)
     except (ValueError, ScenarioError, OutputDirError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -19,8 +19,9 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field, e.g. --set workload.arrivals.rate=8 (repeatable)")
     p.add_argument("--out", help="output directory (default: the scenario's output.dir, else "
-                                 "results/<name>, plus +KEY=VALUE for each --set); it is replaced "
-                                 "whole by the new run")
+                                 "results/<name>, plus +KEY=VALUE for each --set); the new run "
+                                 "replaces the files an earlier run wrote there")
+    add_force_option(p)
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no table")
     p.add_argument("--replications", type=int, default=1, metavar="N",
@@ -68,7 +69,8 @@ def _run(args: argparse.Namespace) -> int:
     out_dir, field = out_dir_of(args.out, scenario.output.dir,
                                 variant_dir(scenario.name, args.overrides))
     try:
-        stage = Staging(out_dir, field)  # checked before the work, swapped in after it
+        stage = Staging(out_dir, field, "run", args.force)  # checked and locked before the
+        # work, swapped in after it
     except OutputDirError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -88,6 +90,11 @@ def _run(args: argparse.Namespace) -> int:
             return 2
         write_outputs(result, stage.path, plots=scenario.output.plots and not args.no_plots)
         stage.commit()
+    served = _nothing_served(result.summary)
+    if served is not None:  # no latency to report: a "Benchmark duration" would mislead
+        print(f"error: {args.scenario or 'default scenario'}: {served}; its files (the "
+              f"reasons per request in requests.csv) are in {out_dir}/", file=sys.stderr)
+        return 2
     if not args.quiet:
         model, hw = scenario.model_spec, scenario.hardware_spec
         fleet = (f" per replica, {scenario.replicas} replicas behind a "
@@ -100,6 +107,19 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _nothing_served(summary: dict) -> str | None:
+    """Why no request finished, when none did, naming the commonest rejection reason."""
+    if summary.get("completed") != 0:
+        return None
+    reasons = summary.get("rejection_reasons") or {}
+    rejected = summary.get("rejected", 0)
+    if not reasons:
+        return f"no request finished ({rejected} rejected)"
+    reason, count = max(reasons.items(), key=lambda item: item[1])
+    return (f"every request was rejected ({rejected}; {count} for: {reason}), so nothing "
+            "was served: fix the workload or the limits")
+
+
 def out_dir_of(flag: str | None, configured: str | None, default: Path,
                config_field: str = "output.dir") -> tuple[Path, str]:
     """The output directory and the setting it came from, for error messages."""
@@ -108,3 +128,13 @@ def out_dir_of(flag: str | None, configured: str | None, default: Path,
     if configured:
         return Path(configured), config_field
     return default, "output directory"
+
+
+def add_force_option(p: argparse.ArgumentParser) -> None:
+    """`--force`, the same words for every command that writes an output directory."""
+    p.add_argument("--force", action="store_true",
+                   help="write into an output directory that holds files servesim did not "
+                        "write (they are kept) or another command's result (it is replaced); "
+                        "without --force such a directory is refused. Each run lists the "
+                        "files it wrote in DIR/.servesim-manifest.json, and a later run "
+                        "replaces only those")

@@ -1,7 +1,7 @@
 """`servesim serve --engine`: the serving loop's Stepper on the real engine.
 
 Each step runs the kernels and samples with the request's own parameters
-(temperature, top-k, top-p, seed), on a worker thread so the HTTP side keeps
+(temperature, top-k, top-p, seed, penalties, logit bias), on a worker thread so the HTTP side keeps
 answering while it runs; the loop touches the scheduler only between steps.
 Output lengths stay scripted (max_tokens, as the simulator's), EOS included,
 so the engine's plans are the ones a simulation of the same arrivals makes.
@@ -27,7 +27,7 @@ from sim.core.kv import KVBudget, KVManager
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.serve.api import Generation
-from sim.serve.loop import StepDone
+from sim.serve.stepper import StepDone
 from sim.text.base import Tokenizer
 
 
@@ -43,12 +43,31 @@ class EngineStepper:
         return self.engine.clock.now()
 
     def add(self, request: Request, generation: Generation, at_s: float) -> bool:
+        seed = None if generation.seed is None else \
+            (generation.seed + generation.child_index) % 2**64  # vLLM's seed + index per child
         sampling = SamplingParams(temperature=generation.temperature, top_k=generation.top_k,
-                                  top_p=generation.top_p, seed=generation.seed)
+                                  top_p=generation.top_p, seed=seed,
+                                  presence_penalty=generation.presence_penalty,
+                                  frequency_penalty=generation.frequency_penalty,
+                                  repetition_penalty=generation.repetition_penalty,
+                                  logit_bias=generation.logit_bias,
+                                  logprobs=generation.logprobs)
         return self.engine.add_request(request, sampling, now=at_s)
 
     def abort(self, request_id: int, at_s: float) -> Request | None:
         return self.engine.abort(request_id, at_s)
+
+    def refuses(self, generation: Generation) -> str | None:
+        """A field this engine cannot honour for `generation`, else None: speculative
+        verification samples without the penalties and the bias."""
+        if self.engine.drafter is None:
+            return None
+        return next((name for name, on in (
+            ("presence_penalty", generation.presence_penalty != 0),
+            ("frequency_penalty", generation.frequency_penalty != 0),
+            ("repetition_penalty", generation.repetition_penalty != 1),
+            ("logit_bias", bool(generation.logit_bias)),
+            ("logprobs", generation.logprobs is not None)) if on), None)
 
     async def step(self, start_s: float, admit_until: Callable[[float], None]
                    ) -> StepDone | None:
@@ -64,7 +83,9 @@ class EngineStepper:
             engine.release(request.request_id)
         engine.steps.clear()  # a server runs for long: keep no step log
         return StepDone(log.start_s, log.duration_s, plan, finished,
-                        [(e.request_id, e.token_id) for e in events], held)
+                        [(e.request_id, e.token_id) for e in events], held,
+                        logprobs={e.request_id: e.logprobs for e in events
+                                  if e.logprobs is not None} or None)
 
 
 def build_engine_stepper(scenario: Scenario, tokenizer: Tokenizer, base_dir: Path | None = None

@@ -42,12 +42,13 @@ def _stored_bytes(model: ModelSpec, params: dict[str, float]) -> float:
     return sum(count * sizes[part] for part, count in params.items())
 
 
-def weights_bytes(model: ModelSpec, tp: int = 1, ep: int = 1) -> float:
+def weights_bytes(model: ModelSpec, tp: int = 1, ep: int = 1, dp: int = 1) -> float:
     """Resident weights on one GPU (all its experts, shards plus replicated norms), each
     part in the dtype it is stored in, scales included; under expert parallelism each
-    GPU holds num_experts / ep whole experts."""
+    GPU holds num_experts / ep whole experts (with `dp` data-parallel attention ranks,
+    ep = dp x tp: each rank's tp GPUs hold its own copy of the rest)."""
     check_tp(model, tp)
-    check_ep(model, tp, ep)
+    check_ep(model, tp, ep, dp)
     return _stored_bytes(model, params_by_part(model, tp, model.num_experts / ep, ep))
 
 

@@ -13,6 +13,8 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
+from sim.config.checks import allows_bool
+
 
 def format_errors(err: ValidationError, source: str, root: type[BaseModel]) -> str:
     """One line per problem: field path, what is wrong, the value given.
@@ -31,6 +33,34 @@ def format_errors(err: ValidationError, source: str, root: type[BaseModel]) -> s
     if len(lines) == 1:
         return f"{source}: {lines[0]}"
     return "\n".join([f"{source}: {len(lines)} problems", *(f"  {line}" for line in lines)])
+
+
+def boolean_for_number(data: Any, root: type[BaseModel]) -> str | None:
+    """The path of the first true/false given where the schema takes no boolean, or None.
+
+    Pydantic reads true as 1 for an int field (`--set scheduler.max_num_seqs=true` became
+    1 seat); YAML's booleans are never numbers here. Walks the raw data beside the
+    schema (every model a discriminated union allows), iteratively.
+    """
+    stack: list[tuple[Any, tuple[str, ...], list[type[BaseModel]]]] = [(data, (), [root])]
+    while stack:
+        node, path, models = stack.pop()
+        items: Any = node.items() if isinstance(node, Mapping) else (
+            enumerate(node) if isinstance(node, list) else ())
+        for key, value in items:
+            if isinstance(key, int):  # a list's item: same models
+                stack.append((value, (*path, str(key)), models))
+                continue
+            owners = [m for m in models if key in m.model_fields]
+            if not owners:
+                continue
+            kinds = [m.model_fields[key].annotation for m in owners]
+            if isinstance(value, bool) and not any(allows_bool(k) for k in kinds):
+                return ".".join((*path, str(key)))
+            inner = list(dict.fromkeys(sub for k in kinds for sub in models_in(k)))
+            if inner and isinstance(value, Mapping | list):
+                stack.append((value, (*path, str(key)), inner))
+    return None
 
 
 def _describe(problem: Mapping[str, Any], root: type[BaseModel]) -> tuple[str, str, str]:
@@ -59,7 +89,7 @@ def _describe(problem: Mapping[str, Any], root: type[BaseModel]) -> tuple[str, s
     elif isinstance(value, Mapping) and kind.endswith("_error"):
         show_value = False  # a section-level check: its message names the values
     shown = ""
-    if show_value and repr(value) not in message:
+    if show_value and (message.startswith("Input should") or repr(value) not in message):
         text = repr(value)
         shown = f" (got {text if len(text) <= 60 else text[:57] + '...'})"
     return ".".join(parts) or "(top level)", message, shown

@@ -18,11 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.config.checks import MAX_LAYERS
 from sim.config.hf_layers import ConfigFields, attention_fields, layer_fields, moe_fields
 from sim.config.hf_quant import HFConfigError, quantised_dtypes
 from sim.config.specs import ModelSpec, RopeScaling
 
 BUILTIN_PREFIX = "builtin:"
+# Published config.json files are a few kilobytes; a larger one is the wrong file.
+MAX_CONFIG_BYTES = 4 * 2**20
 MODELS_DIR = Path(__file__).parent / "data" / "models"
 FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "gemma2",
             "gemma3", "gemma3_text", "deepseek_v3", "phi3")
@@ -85,15 +88,22 @@ def config_path(path: str | Path) -> Path:
 
 def read_hf_config(path: str | Path, name: str | None = None) -> LoadedConfig:
     """The ModelSpec of a config.json (see config_path), named after its folder."""
+    from sim.config.yaml_input import read_text_bounded
+
     file = config_path(path)
+    text = read_text_bounded(file, "config.json", MAX_CONFIG_BYTES, HFConfigError)
     try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raw = json.loads(text)
+    except json.JSONDecodeError as err:
         raise HFConfigError(f"config {str(file)!r}: cannot read as JSON: {err}") from None
+    except (ValueError, RecursionError):  # a 5,000-digit number, nesting thousands deep
+        raise HFConfigError(f"config {str(file)!r}: cannot read as JSON: a number with "
+                            "thousands of digits or nesting thousands deep") from None
     if not isinstance(raw, dict):
         raise HFConfigError(f"config {str(file)!r}: must hold a JSON object")
     try:
-        return spec_from_config(raw, name or file.parent.name)
+        folder = file.parent.name or file.absolute().parent.name  # "config.json" in the cwd
+        return spec_from_config(raw, name or folder or "model")
     except HFConfigError as err:
         raise HFConfigError(f"config {str(file)!r}: {err}") from None
 
@@ -117,9 +127,14 @@ def spec_from_config(raw: Mapping[str, Any], name: str) -> LoadedConfig:
         raise HFConfigError(f"field model_type: {family or 'missing'!r} is not modelled; "
                             f"allowed: {', '.join(FAMILIES)}")
     f = ConfigFields({**_CLASS_DEFAULTS.get(family, {}), **fields})
-    layers = f.need("num_hidden_layers", "the layer count")
+    layers = f.need("num_hidden_layers", "the layer count", MAX_LAYERS)
     hidden = f.need("hidden_size", "every weight matrix")
     heads = f.need("num_attention_heads", "attention")
+    if f.raw.get("head_dim") is None and hidden % heads:
+        notes.append(f"head_dim is not given and hidden_size {hidden} is not divisible by "
+                     f"num_attention_heads {heads}: head_dim taken as {hidden // heads} "
+                     f"(hidden_size / heads = {hidden / heads:.2f}); set head_dim if the "
+                     "model's is another")
     values: dict[str, Any] = {
         "name": name, "num_layers": layers, "hidden_size": hidden, "num_heads": heads,
         "num_kv_heads": f.get("num_key_value_heads", heads),

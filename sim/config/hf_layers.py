@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sim.config.checks import MAX_DIMENSION, shown
 from sim.config.hf_quant import HFConfigError
 
 _LAYER_KINDS = {"full_attention": "full", "sliding_attention": "sliding"}
@@ -23,12 +24,16 @@ class ConfigFields:
     def __init__(self, raw: Mapping[str, Any]) -> None:
         self.raw = dict(raw)
 
-    def need(self, key: str, why: str) -> int:
+    def need(self, key: str, why: str, most: int = MAX_DIMENSION) -> int:
+        """A required positive integer, at most `most` (a bound stated in the message)."""
         value = self.raw.get(key)
         if value is None:
             raise HFConfigError(f"field {key}: missing; servesim needs it for {why}")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise HFConfigError(f"field {key}: {value!r}; must be a positive integer ({why})")
+            raise HFConfigError(f"field {key}: {shown(value)}; must be a positive integer "
+                                f"({why})")
+        if value > most:
+            raise HFConfigError(f"field {key}: {shown(value)}; must be at most {most:,} ({why})")
         return value
 
     def get(self, key: str, default: Any) -> Any:

@@ -15,19 +15,29 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sim.config.error_text import format_errors
+from sim.config.checks import shown
+from sim.config.error_text import boolean_for_number, format_errors
 from sim.config.scenario import DEFAULT_WORKLOAD, Scenario
 from sim.config.specs import check_tp
 from sim.config.yaml_input import ScenarioError, check_plain, parse_yaml, read_yaml
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply `key.path=value` strings (values parsed as YAML) to a raw scenario dict."""
+    """Apply `key.path=value` strings (values parsed as YAML) to a raw scenario dict.
+
+    A key given twice is an error: the last one silently winning hides a typo.
+    """
+    given: dict[str, str] = {}
     for item in overrides:
         key, sep, text = item.partition("=")
         *parents, leaf = key.strip().split(".")
         if not sep or not all((*parents, leaf)):
-            raise ScenarioError(f"--set {item!r}: expected key.path=value")
+            raise ScenarioError(f"--set {shown(item)}: expected key.path=value")
+        path = ".".join((*parents, leaf))
+        if path in given:
+            raise ScenarioError(f"--set {shown(path)}: given twice ({shown(given[path], 30)} "
+                                f"and {shown(item, 30)}); give each key once")
+        given[path] = item
         node = raw
         for part in parents:
             child = node.get(part)
@@ -36,11 +46,11 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
             elif part == "trace" and isinstance(child, str):  # `trace: FILE` is {path: FILE}
                 child = node[part] = {"path": child}
             if not isinstance(child, dict):
-                raise ScenarioError(f"--set {item!r}: {part!r} is {child!r}, not a section")
+                raise ScenarioError(f"--set {shown(item)}: {part!r} is {shown(child, 30)}, "
+                                    "not a section")
             node = child
-        shown = item if len(item) <= 60 else item[:57] + "..."
         # checked with the whole scenario (validate_scenario), which names the field
-        node[leaf] = parse_yaml(text, f"--set {shown!r}: value", check=False)
+        node[leaf] = parse_yaml(text, f"--set {shown(item)}: value", check=False)
     return raw
 
 
@@ -75,12 +85,38 @@ def load_scenario(path: str | Path | None, overrides: Sequence[str] = ()) -> tup
         path = Path(path)
         raw = read_scenario_raw(path)
         base_dir = path.resolve().parent
-    if "workload" not in raw:
+    if "workload" not in raw and not any(o.strip().startswith("workload.trace")
+                                         for o in overrides):
         # an omitted workload means the default one; `--set workload.x=...` edits it
         raw["workload"] = copy.deepcopy(DEFAULT_WORKLOAD)
-    raw = apply_overrides(raw, overrides)
+    raw = with_default_workload(apply_overrides(raw, overrides))
     return validate_scenario(_model_config_near(raw, base_dir),
                              str(path or "default scenario")), base_dir
+
+
+def with_default_workload(raw: dict[str, Any]) -> dict[str, Any]:
+    """A scenario's partial synthetic `workload:` completed from the default one.
+
+    A field left out (arrivals, prompt_tokens, output_tokens, and num_requests when
+    duration_s is not given either) is the default's; a field that names no
+    `process:`/`dist:` and only keys the default's has (`arrivals: {rate: 2}`) changes
+    those keys of the default's. A field that names its process or distribution is the
+    user's whole, so a file that spells its workload out runs exactly as written; a
+    trace replay takes nothing from the default.
+    """
+    workload = raw.get("workload")
+    if not isinstance(workload, dict) or "trace" in workload:
+        return raw
+    merged = copy.deepcopy(DEFAULT_WORKLOAD)
+    if "num_requests" in workload or "duration_s" in workload:
+        del merged["num_requests"]
+    for key, value in workload.items():
+        default = merged.get(key)
+        if isinstance(value, dict) and isinstance(default, dict) and \
+                not value.keys() & {"process", "dist"} and value.keys() <= default.keys():
+            value = {**default, **value}
+        merged[key] = value
+    return {**raw, "workload": merged}
 
 
 def _model_config_near(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
@@ -96,12 +132,16 @@ def _model_config_near(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
 def validate_scenario(raw: dict[str, Any], source: str) -> Scenario:
     """Validate a raw mapping; every problem becomes one ScenarioError naming `source`."""
     check_plain(raw, source)
+    flag = boolean_for_number(raw, Scenario)
+    if flag is not None:
+        raise ScenarioError(f"{source}: {flag}: takes no true/false (a boolean is not a number "
+                            "here); give the value itself")
     try:
         scenario = Scenario.model_validate(raw)
     except ValidationError as err:
         raise ScenarioError(format_errors(err, source, Scenario)) from None
     try:
-        check_tp(scenario.model_spec, scenario.hardware.count)
+        check_tp(scenario.model_spec, scenario.hardware.tensor_parallel)  # a rank's GPUs
     except ValueError as err:
         raise ScenarioError(f"{source}: hardware.count: {err}") from None
     return scenario

@@ -16,6 +16,9 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from sim.config.catalogue import link_from_fields
+from sim.config.checks import MAX_SPAN_S
+from sim.config.data_parallel import check_data_parallel, check_no_dp_pools
+from sim.config.disaggregation import DisaggregationConfig
 from sim.config.hardware import HardwareSpec
 from sim.config.sections import (
     EngineConfig,
@@ -91,6 +94,9 @@ class Scenario(StrictModel):
                                            description="speculative decoding")
     frontend: FrontendConfig = Field(FrontendConfig(), description="what a client waits for "
                                      "besides the engine: API server, tokenizer, stream")
+    disaggregation: DisaggregationConfig | None = Field(
+        None, description="prefill/decode disaggregation: a prefill pool, a decode pool and "
+        "the link the prompt's KV crosses (sim.world.disaggregated); replaces `replicas`")
 
     @field_validator("name")
     @classmethod
@@ -139,10 +145,15 @@ class Scenario(StrictModel):
 
     @model_validator(mode="after")
     def _expert_parallel_suits_model(self) -> Scenario:
+        hw = self.hardware
+        field = "data_parallel" if hw.data_parallel > 1 else "expert_parallel"
         try:
-            check_ep(self.model_spec, self.hardware.count, self.hardware.expert_parallel)
+            check_ep(self.model_spec, hw.tensor_parallel, hw.expert_parallel, hw.data_parallel)
         except ValueError as err:
-            raise ValueError(f"hardware.expert_parallel: {err}") from None
+            raise ValueError(f"hardware.{field}: {err}") from None
+        check_no_dp_pools(self)
+        if hw.data_parallel > 1:
+            check_data_parallel(self)
         return self
 
     @model_validator(mode="after")
@@ -159,6 +170,14 @@ class Scenario(StrictModel):
                              f"is about {rate * workload.duration_s:.3g} requests, more than "
                              f"servesim simulates in one run (at most {MAX_REQUESTS:,}); "
                              "shorten it or set num_requests")
+        if workload.duration_s is not None and workload.duration_s > MAX_SPAN_S:
+            raise ValueError(f"workload.duration_s: {workload.duration_s:.3g} s is longer than "
+                             f"servesim simulates (at most {MAX_SPAN_S:.0e} s, about 3 years)")
+        if count is not None and rate is not None and count / rate > MAX_SPAN_S:
+            raise ValueError(f"workload.arrivals.rate: {rate:.3g} req/s spreads {count} "
+                             f"requests over about {count / rate:.3g} s, longer than servesim "
+                             f"simulates (at most {MAX_SPAN_S:.0e} s, about 3 years); raise "
+                             "the rate")
         return self
 
     @model_validator(mode="after")

@@ -48,11 +48,18 @@ class HardwareConfig(StrictModel):
     gpu: str | dict[str, Any] = Field(
         "h100-sxm", description="catalogue name (`servesim capacity --help` lists them), or a "
         "mapping of HardwareSpec fields, e.g. {base: h100-sxm, memory_gib: 94}")
-    count: int = Field(1, ge=1, description="GPUs per replica, used for tensor parallelism")
+    count: int = Field(1, ge=1, description="GPUs per replica, used for tensor parallelism "
+                       "(split over data_parallel ranks when that is > 1)")
     expert_parallel: int = Field(
         1, ge=1, description="MoE only: GPUs of the replica that share out whole experts "
         "(num_experts / expert_parallel each) instead of a 1/count slice of every expert; "
         "must divide count and num_experts; adds an all-to-all per MoE layer")
+    data_parallel: int = Field(
+        1, ge=1, description="MoE only: data-parallel attention ranks the count GPUs form "
+        "(count / data_parallel GPUs of tensor parallelism each), each with its own "
+        "scheduler and KV pool, stepping in lockstep; needs expert_parallel = count "
+        "(experts over all GPUs; vLLM's --data-parallel-size with --enable-expert-parallel; "
+        "docs/moe_dp_ep.md)")
     memory_utilization: float = Field(
         0.9, gt=0.0, le=1.0, description="share of GPU memory the server may use "
         "(vLLM's gpu_memory_utilization)")
@@ -62,6 +69,24 @@ class HardwareConfig(StrictModel):
         "fields, e.g. {base: nvlink4, latency_s: 2.0e-5} or {kind: pcie, generation: 5, "
         "bandwidth_bytes_per_s: 4.0e10, latency_s: 2.4e-5}; prices the TP all-reduce and "
         "the EP all-to-all (docs/roofline.md, Links)")
+
+    @property
+    def tensor_parallel(self) -> int:
+        """GPUs of one attention rank: all `count` without data parallelism."""
+        return self.count // self.data_parallel
+
+    @model_validator(mode="after")
+    def _ranks_split_gpus(self) -> HardwareConfig:
+        dp = self.data_parallel
+        if dp > 1 and self.count % dp:
+            raise ValueError(f"hardware.data_parallel: {dp} ranks must divide hardware.count "
+                             f"({self.count} GPUs) into equal tensor-parallel groups")
+        if dp > 1 and self.expert_parallel != self.count:
+            raise ValueError(f"hardware.expert_parallel: data-parallel ranks spread the experts "
+                             f"over all the replica's GPUs, so it must equal hardware.count "
+                             f"({self.count}) when data_parallel is {dp}; got "
+                             f"{self.expert_parallel}")
+        return self
 
     @field_validator("gpu")
     @classmethod
@@ -149,6 +174,30 @@ class KVConfig(StrictModel):
         "or a trace's prefix ids)")
     host_swap_gib: float = Field(
         64.0, ge=0.0, description="host memory for swap preemption, GiB per replica")
+    offload_host_gib: float = Field(
+        0.0, ge=0.0, description="prefix_caching only: host memory the prefix cache spills "
+        "evicted blocks to (LRU), GiB per replica; a later hit loads them back over the "
+        "GPU's host_link (vLLM's CPU offloading; 0 = none)")
+    offload_disk_gib: float = Field(
+        0.0, ge=0.0, description="a disk tier below the host tier, GiB per replica: the host "
+        "tier's LRU drops go down here and load back over offload_disk_link (LMCache's local "
+        "disk; 0 = none; needs offload_host_gib)")
+    offload_disk_link: str | dict[str, Any] = Field(
+        default_factory=lambda: {"kind": "pcie", "generation": 4,
+                                 "bandwidth_bytes_per_s": 7.0e9, "latency_s": 1.0e-4},
+        description="the disk tier's path to "
+        "the GPU: a link name or a mapping of Link fields (default: a PCIe 4 NVMe drive, "
+        "7 GB/s, 100 us)")
+    offload_load: Literal["sync", "async"] = Field(
+        "sync", description="offload-tier loads: sync adds each load to its admitting step; "
+        "async delays that request's admission until its blocks land while others run "
+        "(vLLM's async KV load)")
+
+    @field_validator("offload_disk_link")
+    @classmethod
+    def _known_disk_link(cls, value: str | dict[str, Any]) -> str | dict[str, Any]:
+        link_from_fields(value)
+        return value
 
     @model_validator(mode="before")
     @classmethod

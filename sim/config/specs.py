@@ -19,7 +19,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from sim.config.checks import check_non_negative_int, check_positive, check_positive_int
+from sim.config.checks import (
+    MAX_DIMENSION,
+    MAX_LAYERS,
+    check_non_negative_int,
+    check_positive,
+    check_positive_int,
+)
 from sim.config.dtypes import DType, carrier_dtype, get_dtype
 
 ATTENTION_KINDS = ("gqa", "mla")
@@ -82,7 +88,8 @@ class ModelSpec:
         for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
                       "intermediate_size", "vocab_size", "max_context_tokens", "num_experts",
                       "experts_per_token"):
-            check_positive_int(field, getattr(self, field))
+            check_positive_int(field, getattr(self, field),
+                               MAX_LAYERS if field == "num_layers" else MAX_DIMENSION)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads={self.num_kv_heads} must divide "
                              f"num_heads={self.num_heads}")
@@ -256,17 +263,28 @@ def check_tp(model: ModelSpec, tp: int) -> None:
                          f"num_kv_heads={model.num_kv_heads} of {model.name}")
 
 
-def check_ep(model: ModelSpec, tp: int, ep: int) -> None:
-    """Raise unless `ep` GPUs of the tp group can each hold num_experts / ep whole experts."""
+def check_ep(model: ModelSpec, tp: int, ep: int, dp: int = 1) -> None:
+    """Raise unless `ep` GPUs can each hold num_experts / ep whole experts: GPUs of the tp
+    group, or with `dp` > 1 data-parallel attention ranks of tp GPUs each, all dp x tp of
+    them (vLLM's --data-parallel-size with --enable-expert-parallel)."""
     check_positive_int("ep", ep)
+    check_positive_int("dp", dp)
+    if dp > 1:
+        if not model.is_moe:
+            raise ValueError(f"dp={dp}: data-parallel attention ranks share out the experts "
+                             f"of a mixture-of-experts model, and {model.name} is dense "
+                             "(serve a dense model on replicas instead)")
+        if ep != dp * tp:
+            raise ValueError(f"ep={ep} must be dp x tp = {dp * tp}: data-parallel ranks "
+                             "spread the experts over all their GPUs")
     if ep == 1:
         return
     if not model.is_moe:
         raise ValueError(f"ep={ep}: expert parallelism needs a mixture-of-experts model, and "
                          f"{model.name} is dense")
-    if model.num_experts % ep or tp % ep:
+    if model.num_experts % ep or (dp * tp) % ep:
         raise ValueError(f"ep={ep} must divide num_experts={model.num_experts} of "
-                         f"{model.name} and the {tp} GPUs")
+                         f"{model.name} and the {dp * tp} GPUs")
 
 
 def stored_as(model: ModelSpec, dtype: str) -> ModelSpec:

@@ -22,6 +22,9 @@ MAX_DEPTH = 32
 MAX_VALUES = 1_000_000
 # No field needs more than 64 bits; larger ints only make numpy and str() fail later.
 MAX_INT = 2**63 - 1
+# A scenario or compare spec is a few kilobytes (inline empirical lengths a few hundred);
+# a larger input is a wrong path (`servesim run /dev/zero`, a trace given as the scenario).
+MAX_FILE_BYTES = 16 * 2**20
 
 
 class ScenarioError(Exception):
@@ -38,7 +41,7 @@ def parse_yaml(text: str, source: str, check: bool = True) -> Any:
     import yaml
 
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_loader_class())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
         raise ScenarioError(f"{source}: not valid YAML: {_yaml_problem(err)}") from None
     except RecursionError:
@@ -52,15 +55,66 @@ def parse_yaml(text: str, source: str, check: bool = True) -> Any:
 
 
 def read_yaml(path: Path, kind: str) -> Any:
-    """A YAML file's data; a missing or unreadable file is a ScenarioError."""
+    """A YAML file's data; a missing, unreadable, special or oversized file is a ScenarioError."""
+    return parse_yaml(read_text_bounded(path, kind, MAX_FILE_BYTES, ScenarioError), str(path))
+
+
+def read_text_bounded(path: Path, kind: str, max_bytes: int,
+                      error: type[Exception] = ValueError) -> str:
+    """A regular file's UTF-8 text, refused (as `error`, naming the file) before it is read
+    when it is not a regular file (a directory, /dev/zero, a pipe) or holds more than
+    `max_bytes`: so no input can make servesim read without end."""
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such {kind} file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ScenarioError(f"{path}: cannot read: {getattr(err, 'strerror', None) or err}"
-                            ) from None
-    return parse_yaml(text, str(path))
+        if not path.exists():
+            raise error(f"{path}: no such {kind} file")
+        if path.is_dir():
+            raise error(f"{path}: cannot read: is a directory, not a {kind} file")
+        if not path.is_file():
+            raise error(f"{path}: cannot read: not a regular file (a device or pipe); give a "
+                        f"{kind} file")
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise error(f"{path}: {size:,} bytes is more than a {kind} file may hold "
+                        f"(at most {max_bytes:,})")
+        with path.open("rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as err:
+        raise error(f"{path}: cannot read: {err.strerror or err}") from None
+    if len(data) > max_bytes:  # grew while read
+        raise error(f"{path}: more than a {kind} file may hold (at most {max_bytes:,} bytes)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise error(f"{path}: not a text file (byte {data[err.start]:#04x} at offset "
+                    f"{err.start} is not UTF-8); give a {kind} file") from None
+
+
+def _loader_class() -> type:
+    """PyYAML's SafeLoader, but a key given twice in one mapping is an error, not the last
+    one silently winning (`<<` merge keys may still be overridden, as YAML intends)."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key not in first_line:
+                        first_line[key] = line
+                        continue
+                except TypeError:  # an unhashable key: SafeLoader reports it below
+                    continue
+                shown = repr(key) if len(repr(key)) <= 60 else repr(key)[:57] + "..."
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {shown} given twice (give each key once): first at line "
+                    f"{first_line[key]}, again", key_node.start_mark)
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
 
 
 def check_plain(data: Any, source: str) -> None:

@@ -5,9 +5,11 @@ See sim/core/kv.py's docstring for the design; this file is the mechanics.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from operator import add
 
 from sim.core.free_queue import FreeQueue
+from sim.core.offload_tier import TierStack
 from sim.core.prefix_index import PrefixIndex
 from sim.core.request import Request
 
@@ -23,7 +25,10 @@ class PagedBlockManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0,
-                 enable_prefix_cache: bool = False, host_swap_blocks: int = 0) -> None:
+                 enable_prefix_cache: bool = False, host_swap_blocks: int = 0,
+                 offload_blocks: int = 0, offload_disk_blocks: int = 0,
+                 offload_load_s: Callable[[Sequence[int]], float] | None = None,
+                 offload_async: bool = False) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (one is the null block), got {num_blocks}")
         if block_size < 1:
@@ -50,6 +55,16 @@ class PagedBlockManager:
         self.num_hit_tokens = 0
         self.num_swapped_out_blocks = 0
         self.num_swapped_in_blocks = 0
+        # the offload tiers under the prefix cache, host then disk (sim/core/offload_tier.py),
+        # their loads priced by `offload_load_s` (blocks per tier -> s); None: no tier
+        self.offload: TierStack | None = None
+        if offload_blocks and enable_prefix_cache:
+            sizes = (offload_blocks, offload_disk_blocks) if offload_disk_blocks else (
+                offload_blocks,)
+            self.offload = (TierStack(sizes, asynchronous=offload_async)
+                            if offload_load_s is None
+                            else TierStack(sizes, offload_load_s, offload_async))
+        self.loaded_tokens = 0  # tokens the last allocate() loaded from the offload tier
 
     # -- sizes ---------------------------------------------------------------
     @property
@@ -97,8 +112,12 @@ class PagedBlockManager:
 
     # -- prefix cache --------------------------------------------------------
     def cached_prefix_tokens(self, request: Request) -> int:
-        """Tokens `request` would find cached now (whole blocks, prompt and output)."""
+        """Tokens `request` would find cached now (whole blocks, prompt and output; with an
+        offload tier, the blocks it would load back after the GPU's)."""
         cached = len(self._prefix.match(request)) if self.enable_prefix_cache else 0
+        if self.offload is not None:
+            limit = (request.num_known_tokens - 1) // self.block_size
+            cached += self.offload.run_length(self._prefix.names_between(request, cached, limit))
         return cached * self.block_size
 
     def cache_computed(self, request_id: int, num_tokens: int) -> None:
@@ -131,6 +150,11 @@ class PagedBlockManager:
         hits: list[int] = []
         if request is not None and self.enable_prefix_cache:
             hits = self._prefix.match(request)[:max(0, (num_tokens - 1) // self.block_size)]
+        loads: list[int] = []  # names the offload tier gives back, after the GPU's hits
+        if self.offload is not None and request is not None:
+            limit = max(0, (num_tokens - 1) // self.block_size)
+            names = self._prefix.names_between(request, len(hits), limit)
+            loads = names[:self.offload.run_length(names)]
         refcounts = self._refcounts
         revived = 0  # hits that leave the free queue
         if hits:
@@ -143,6 +167,9 @@ class PagedBlockManager:
         needed = self.blocks_for(num_tokens) - len(hits)
         if needed > free:
             return -1
+        if self.offload is not None:  # before _take: the loaded names are the freshest
+            self.offload.load(loads)
+            self.loaded_tokens = len(loads) * self.block_size
         for block in hits:
             assert refcounts is not None
             if not refcounts[block]:
@@ -151,7 +178,7 @@ class PagedBlockManager:
         self._tables[request_id] = tuple(hits) + self._take(needed)
         if request is not None and self.enable_prefix_cache:
             self._prefix.hold(request_id, request, len(hits))
-        tokens = len(hits) * self.block_size
+        tokens = (len(hits) + len(loads)) * self.block_size
         self.num_hit_tokens += tokens
         return tokens
 
@@ -228,6 +255,9 @@ class PagedBlockManager:
         for block in back:
             refcounts[block] = 1
         if self._prefix.names:  # names exist only with prefix caching, and only at the back
+            if self.offload is not None:  # evicted names go down a tier instead of vanishing
+                names = self._prefix.names
+                self.offload.spill([names[b] for b in back if b in names])
             self.num_evictions += self._prefix.evict(back)
         return front + back
 
@@ -296,3 +326,5 @@ class PagedBlockManager:
             "a block shared without a prefix-cache name"
         assert self._host_used == sum(self._host.values()) <= self.host_swap_blocks
         assert not self._host.keys() & self._tables.keys(), "a request both swapped and held"
+        if self.offload is not None:
+            self.offload.check()

@@ -60,6 +60,9 @@ class StepShape(NamedTuple):
     num_spec_tokens: int = 0
     spec_depth: int = 0
     spec_context_sum: int = 0
+    # seconds of KV loaded back from offload tiers (host, disk) for this step's admissions,
+    # priced over each tier's link (sim.latency.kv_transfer); added to the step (sync loads)
+    tier_load_s: float = 0.0
 
     @property
     def num_prefills(self) -> int:

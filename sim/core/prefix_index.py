@@ -64,6 +64,13 @@ class PrefixIndex:
             blocks.append(block)
         return blocks
 
+    def names_between(self, request: Request, start: int, stop: int) -> list[int]:
+        """The names of `request`'s blocks start..stop-1 (its prompt's chain, then its own
+        names), as match() would look them up: what an offload tier is asked for."""
+        chain = self._prompt_names(request)
+        own, described = own_names_base(request.request_id), len(chain)
+        return [chain[i] if i < described else own - i for i in range(start, stop)]
+
     def hold(self, request_id: int, request: Request, num_named: int) -> None:
         """`request` now holds a table whose first `num_named` blocks are named (its hits)."""
         self._chains[request_id] = self._prompt_names(request)

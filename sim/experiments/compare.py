@@ -47,7 +47,8 @@ MD_COLUMNS = {"variant": "variant", "offered_rate": "offered req/s",
               "request_throughput": "req/s", "output_throughput": "out tok/s",
               "median_ttft_ms": "TTFT p50 ms", "p99_ttft_ms": "TTFT p99 ms",
               "median_tpot_ms": "TPOT p50 ms", "p99_tpot_ms": "TPOT p99 ms",
-              "request_goodput": "goodput req/s", "window_goodput": "goodput (window)",
+              "request_goodput": "goodput req/s", "window_throughput": "req/s (window)",
+              "window_goodput": "goodput (window)",
               "window_attainment": "attainment (window)", "slot_utilization": "slot util",
               "kv_waste_of_held": "KV waste (held)", "kv_waste_fraction": "KV waste (pool)",
               "prefix_hit_rate": "prefix hit rate",
@@ -122,7 +123,9 @@ class _Session:
                 if "error" in result:
                     raise SweepError(f"variant {name!r} at {rate:g} req/s: {result['error']}")
                 # a variant may change the TP degree; a fleet has replicas x TP GPUs
-                gpus = task.scenario.hardware.count * task.scenario.replicas
+                dis = task.scenario.disaggregation  # or two pools of their own GPUs
+                gpus = (task.scenario.hardware.count * task.scenario.replicas if dis is None
+                        else dis.num_gpus(task.scenario.hardware.count))
                 self.rows[(name, rate, n)] = make_row(name, rate, result, gpus)
             self._check_streams()
         return [self.rows[k] for k in keys]
@@ -179,8 +182,11 @@ def _waste_rate(table: pd.DataFrame, asked: float | None) -> float:
 
 
 def run_compare(base: Base, backend: Backend | None = None, progress: bool = True,
-                cache: PointCache | None = None) -> CompareResult:
-    """The load sweep, then the SLO search; `cache` reuses and keeps finished points."""
+                cache: PointCache | None = None, confidence: float | None = None
+                ) -> CompareResult:
+    """The load sweep, then the SLO search; `cache` reuses and keeps finished points;
+    `confidence`: the SLO search's (sim.experiments.slo_search), the base's SLO bounds
+    already tightened by the caller (sim.results.stats.prediction.tightened_slo)."""
     from tqdm import tqdm
 
     backend = backend or Backend()
@@ -188,7 +194,7 @@ def run_compare(base: Base, backend: Backend | None = None, progress: bool = Tru
                                                 disable=not progress) as bar:
         session = _Session(base, runner, bar)
         rates = _load_sweep(session)
-        slo = slo_search(session, rates)
+        slo = slo_search(session, rates, confidence)
     order = {v.name: i for i, v in enumerate(base.spec.variants)}
     swept = [row for (name, rate, n), row in sorted(
         session.rows.items(), key=lambda kv: (order[kv[0][0]], kv[0][1], kv[0][2] or 0))
@@ -231,14 +237,25 @@ def format_compare(result: CompareResult) -> str:
     return text
 
 
+def count_text(value: Any) -> str:
+    """A count as an integer with thousands separators (a pandas column with a gap holds
+    counts as floats: 76800.0 is printed 76,800); 'n/a' when missing."""
+    number = _num(value)
+    return "n/a" if math.isnan(number) else f"{round(number):,}"
+
+
 def slo_line(row: dict[str, Any]) -> str:
     """One variant's answer: the rate and its bracket, attainment with its CI, the run length."""
     name, lo, hi = row["variant"], row["max_slo_rate"], row["first_failing_rate"]
+    if math.isnan(lo) and math.isnan(hi) and isinstance(row.get("note"), str):
+        return f"  {name}: {row['note']}"  # not searched (e.g. not validated at a confidence)
     if math.isnan(lo):  # no rate met
         return f"  {name}: no sustained rate met the SLOs (lowest tried fails at {hi:.3g} req/s)"
     upper = "not found" if math.isnan(hi) else f"{hi:.3g}"
-    text = (f"  {name}: {lo:.3g} req/s (boundary in [{lo:.3g}, {upper})), attainment "
-            f"{row['slo_attainment']:.3f} [{row['slo_attainment_lo']:.3f}, "
-            f"{row['slo_attainment_hi']:.3f}], goodput {row['request_goodput']:.3g} req/s, "
-            f"{row['requests']} requests a run")
+    # achieved and goodput are the same window's (goodput <= achieved); the offered rate
+    # is the nominal one, which a window's arrivals may exceed
+    text = (f"  {name}: {lo:.3g} req/s offered (boundary in [{lo:.3g}, {upper})), achieved "
+            f"{row['window_throughput']:.3g} req/s, goodput {row['request_goodput']:.3g} "
+            f"req/s, attainment {row['slo_attainment']:.3f} [{row['slo_attainment_lo']:.3f}, "
+            f"{row['slo_attainment_hi']:.3f}], {count_text(row['requests'])} requests a run")
     return text + (f"; {row['note']}" if isinstance(row.get("note"), str) else "")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -126,8 +126,10 @@ def _validate(raw: dict[str, Any], sets: list[str], source: str) -> Scenario:
     return validate_scenario(apply_overrides(copy.deepcopy(raw), sets), source)
 
 
-def load_spec(path: str | Path) -> Base:
-    """Read and validate a compare spec and its base; every problem is a SweepError."""
+def load_spec(path: str | Path, sets: Sequence[str] = ()) -> Base:
+    """Read and validate a compare spec and its base; every problem is a SweepError.
+    `sets`: `--set KEY=VALUE` overrides of the base scenario, as `servesim run` takes them;
+    one that a variant or the offered rate would override again is refused, naming it."""
     path = Path(path)
     try:
         raw_spec = read_yaml(path, "compare")
@@ -158,6 +160,8 @@ def load_spec(path: str | Path) -> Base:
         raw.setdefault("workload", copy.deepcopy(DEFAULT_WORKLOAD))
         if isinstance(raw["workload"].get("trace"), str):  # `trace: FILE`: time_scale goes in
             raw["workload"]["trace"] = {"path": raw["workload"]["trace"]}
+        _check_sets(sets, spec)
+        raw = apply_overrides(raw, sets)
         scenario = _validate(raw, [], source)
         # a trace without arrival times runs at workload.arrivals: its rate is what varies
         timed_trace = scenario.workload.trace is not None and scenario.workload.arrivals is None
@@ -169,6 +173,22 @@ def load_spec(path: str | Path) -> Base:
     except ScenarioError as err:
         raise SweepError(str(err)) from None
     return base
+
+
+RATE_KEYS = ("workload.arrivals.rate", "workload.trace.time_scale")
+
+
+def _check_sets(sets: Sequence[str], spec: CompareSpec) -> None:
+    """A `--set` the compare would override again is an error, not silently lost."""
+    for item in sets:
+        key = item.partition("=")[0].strip()
+        if key in RATE_KEYS:
+            raise SweepError(f"--set {key}: the compare sets it from each offered rate "
+                             "(`rates:`); change the rates instead")
+        for variant in spec.variants:
+            if key in variant.overrides:
+                raise SweepError(f"--set {key}: variant {variant.name!r} sets it too; a "
+                                 "--set may name only fields no variant sets")
 
 
 def _trace_rate(raw: dict[str, Any], base_dir: Path, source: str) -> float:

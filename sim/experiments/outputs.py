@@ -10,7 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.results.files.run import RunResult
-from sim.results.files.write import write_replicas, write_run_files, write_timeline
+from sim.results.files.write import (
+    write_columns,
+    write_replicas,
+    write_run_files,
+    write_timeline,
+)
 
 
 def write_outputs(result: RunResult, out_dir: Path, plots: bool = True) -> list[Path]:
@@ -26,6 +31,8 @@ def write_outputs(result: RunResult, out_dir: Path, plots: bool = True) -> list[
         written.append(write_replicas(out_dir, result.summary.get("replicas", [])))
     if result.timeline is not None:
         written.append(write_timeline(out_dir, result.timeline))
+    for name, pool in result.pool_recorders:  # a disaggregated fleet: each pool's series
+        written.append(write_columns(out_dir / f"timeseries_{name}.csv", pool.steps_columns()))
     if plots:  # matplotlib loads only when pictures are drawn
         from sim.plots.run import plot_run
 

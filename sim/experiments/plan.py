@@ -33,6 +33,8 @@ from sim.config.costs import (
 )
 from sim.config.hardware import HardwareSpec
 from sim.config.specs import ModelSpec, check_tp
+from sim.results.stats.model_error import ModelErrorTable
+from sim.results.stats.prediction import confident_upper
 
 DEFAULT_TP = (1, 2, 4, 8)
 
@@ -95,10 +97,12 @@ def candidates(model: ModelSpec, gpus: Mapping[str, HardwareSpec], tps: Sequence
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """Whether a simulated fleet passes, from its summary's window and intervals."""
+    """Whether a simulated fleet passes, from its summary's window and intervals; `hopeless`:
+    no replica count can pass (the candidate lies outside what the model error covers)."""
 
     passes: bool
     why: str
+    hopeless: bool = False
 
 
 def judge(summary: Mapping[str, Any], ttft_ms: float | None, tpot_ms: float | None,
@@ -112,8 +116,28 @@ def judge(summary: Mapping[str, Any], ttft_ms: float | None, tpot_ms: float | No
             continue
         value = (ci.get(f"{percentile}_{metric}_ms") or {}).get("estimate")
         if value is None or value > bound:
-            return Verdict(False, f"{percentile} {metric.upper()} {value} ms > {bound:g} ms")
+            shown = "n/a" if value is None else f"{value:.4g}"
+            return Verdict(False, f"{percentile} {metric.upper()} {shown} ms > {bound:g} ms")
     return Verdict(True, "sustained within the SLOs")
+
+
+def judge_confident(summary: Mapping[str, Any], ttft_ms: float | None, tpot_ms: float | None,
+                    percentile: str, confidence: float, table: ModelErrorTable) -> Verdict:
+    """Sustained, and the real server's percentile of TTFT and TPOT within the bounds with
+    probability `confidence`: the one-sided upper bound of noise and model error together
+    (sim.results.stats.prediction). Outside the validated domain it cannot pass."""
+    if not summary.get("sustained"):
+        return Verdict(False, "not sustained")
+    for metric, bound in (("ttft", ttft_ms), ("tpot", tpot_ms)):
+        if bound is None:
+            continue
+        value, why = confident_upper(summary, f"{percentile}_{metric}_ms", confidence, table)
+        if value is None:
+            return Verdict(False, why, hopeless=why.startswith("not validated"))
+        if value > bound:
+            return Verdict(False, f"{percentile} {metric.upper()} at {confidence:.0%} "
+                           f"confidence {value:.4g} ms > {bound:g} ms")
+    return Verdict(True, f"within the SLOs at {confidence:.0%} confidence")
 
 
 def cost_of(gpu: str, gpus: int, prices: Mapping[str, float]) -> float:
@@ -129,16 +153,28 @@ class Search:
     max_replicas: int
     tried: dict[tuple[str, int, int], dict[str, Any]] = field(default_factory=dict)
     answer: dict[tuple[str, int], int] = field(default_factory=dict)  # least passing r
+    point: dict[tuple[str, int], int] = field(default_factory=dict)  # least r, point estimate
+    hopeless: dict[tuple[str, int], str] = field(default_factory=dict)  # can never pass: why
 
     def round(self) -> list[tuple[str, int, int]]:
         return [(g, tp, r) for (g, tp), r in self.open.items() if r <= self.max_replicas]
 
     def record(self, gpu: str, tp: int, replicas: int, row: dict[str, Any],
-               passed: bool) -> None:
+               passed: bool, point_passed: bool | None = None, hopeless: bool = False
+               ) -> None:
+        """`passed` the verdict searched for; `point_passed` the point estimate's (a
+        confident search goes on past it; None: the same as `passed`); `hopeless`: no count
+        can pass, so the candidate closes once the point answer is known."""
         self.tried[(gpu, tp, replicas)] = row
-        if passed:
-            self.answer[(gpu, tp)] = replicas
-            del self.open[(gpu, tp)]
+        key = (gpu, tp)
+        if (passed if point_passed is None else point_passed) and key not in self.point:
+            self.point[key] = replicas
+        if hopeless:
+            self.hopeless[key] = str(row.get("why", ""))
+        if passed or (hopeless and key in self.point):
+            if passed:
+                self.answer[key] = replicas
+            del self.open[key]
         else:  # the shortfall says how far to jump: achieved / target of a saturated fleet
             ratio = row.get("shortfall", 1.0)
             step = max(1, math.ceil(replicas * (1 / ratio - 1))) if 0 < ratio < 1 else 1

@@ -18,7 +18,15 @@ from sim.config.loader import apply_overrides, validate_scenario
 from sim.config.scenario import Scenario
 from sim.experiments.cache import PointCache
 from sim.experiments.compare_spec import rate_overrides
-from sim.experiments.plan import DEFAULT_TP, Search, candidates, cost_of, judge
+from sim.experiments.plan import (
+    DEFAULT_TP,
+    Search,
+    candidates,
+    cost_of,
+    judge,
+    judge_confident,
+)
+from sim.experiments.plan_layouts import dp_layouts, layout_label
 from sim.experiments.runner import Backend, SweepError, Task, open_backend
 from sim.experiments.sweep import override
 from sim.results.files.steady import window_columns
@@ -41,11 +49,26 @@ class PlanQuestion:
     max_replicas: int = 32
     requests: int = 2000
     trace_rate: float | None = None  # a timed trace's own rate (replayed faster or slower)
+    confidence: float | None = None  # the SLO must hold at it under noise + model error
+    dps: tuple[int, ...] = ()  # data-parallel degrees of MoE layouts (sim.experiments.plan_layouts)
+    dp_batched_tokens: int | None = None  # a DP rank's step token budget (None: the base's)
 
-    def scenario(self, gpu: str, tp: int, replicas: int) -> Scenario:
-        sets = [override("hardware.gpu", gpu), override("hardware.count", tp),
+    def scenario(self, gpu: str, tp: int, replicas: int, dp: int = 1) -> Scenario:
+        """The base at `rate` on `replicas` x TP `tp`, or (dp > 1) one group of dp ranks of
+        tp GPUs with the experts over all dp x tp."""
+        sets = [override("hardware.gpu", gpu), override("hardware.count", dp * tp),
                 override("replicas", replicas), override("workload.num_requests", self.requests),
                 *rate_overrides(self.rate, self.trace_rate)]
+        base_dp = (self.raw.get("hardware") or {}).get("data_parallel", 1)
+        if dp > 1:
+            sets += [override("hardware.data_parallel", dp),
+                     override("hardware.expert_parallel", dp * tp)]
+            if self.dp_batched_tokens is not None:
+                sets.append(override("scheduler.max_num_batched_tokens",
+                                     self.dp_batched_tokens))
+        elif base_dp != 1:  # a DP base planned as pure TP
+            sets += [override("hardware.data_parallel", 1),
+                     override("hardware.expert_parallel", 1)]
         return validate_scenario(apply_overrides(copy.deepcopy(self.raw), sets), self.source)
 
 
@@ -56,6 +79,7 @@ class PlanResult:
     tried: pd.DataFrame  # every fleet simulated
     pruned: pd.DataFrame  # candidates capacity math ruled out, and why
     reused: int
+    point_best: dict[str, Any] | None = None  # with a confidence: the point estimate's pick
 
 
 def _workload_shape(q: PlanQuestion) -> tuple[float, float, int]:
@@ -71,13 +95,21 @@ def _workload_shape(q: PlanQuestion) -> tuple[float, float, int]:
     return float(p.mean()), float(o.mean()), int((p + o).max())
 
 
-def _row(q: PlanQuestion, gpu: str, tp: int, replicas: int, result: dict[str, Any]
-         ) -> dict[str, Any]:
-    verdict = judge(result, q.ttft_ms, q.tpot_ms, q.percentile)
+def _row(q: PlanQuestion, gpu: str, tp: int, replicas: int, result: dict[str, Any],
+         dp: int = 1) -> dict[str, Any]:
+    verdict = point = judge(result, q.ttft_ms, q.tpot_ms, q.percentile)
+    if q.confidence is not None:
+        from sim.results.stats.model_error import load_description
+
+        verdict = judge_confident(result, q.ttft_ms, q.tpot_ms, q.percentile, q.confidence,
+                                  load_description())
     prices = dict(q.prices)
-    row: dict[str, Any] = {"gpu": gpu, "tp": tp, "replicas": replicas, "gpus": tp * replicas,
-                           "cost": cost_of(gpu, tp * replicas, prices), "passes": verdict.passes,
-                           "why": verdict.why}
+    gpus = dp * tp * replicas
+    row: dict[str, Any] = {"gpu": gpu, "tp": tp, "dp": dp, "replicas": replicas,
+                           "layout": layout_label(tp, dp, replicas), "gpus": gpus,
+                           "cost": cost_of(gpu, gpus, prices), "passes": verdict.passes,
+                           "why": verdict.why, "passes_point": point.passes,
+                           "hopeless": verdict.hopeless}
     row.update(window_columns(result))
     for metric in ("ttft", "tpot"):
         ci = (result.get("ci95") or {}).get(f"{q.percentile}_{metric}_ms") or {}
@@ -107,8 +139,14 @@ def run_plan(q: PlanQuestion, backend: Backend | None = None, progress: bool = T
         if c.fits and c.min_replicas > q.max_replicas:
             pruned.append({"gpu": c.gpu, "tp": c.tp, "why": f"needs >= {c.min_replicas} "
                            f"replicas (a replica can never exceed {c.bound_rps:.3g} req/s)"})
+    layouts = dp_layouts(model, {g: get_hardware(g) for g in q.gpus}, q.tps, q.dps, longest,
+                         base.hardware.memory_utilization, base.scheduler.max_num_seqs,
+                         base.scheduler.max_num_batched_tokens)
+    pruned += [{"gpu": d.gpu, "tp": d.tp, "dp": d.dp, "why": d.reason}
+               for d in layouts if not d.fits]
     search = Search({(c.gpu, c.tp): c.min_replicas for c in found
                      if c.fits and c.min_replicas <= q.max_replicas}, q.max_replicas)
+    dp_rows: list[dict[str, Any]] = []
     with open_backend(backend or Backend(), cache) as runner, tqdm(
             total=0, unit="fleet", desc="plan", disable=not progress) as bar:
         while todo := search.round():
@@ -120,16 +158,56 @@ def run_plan(q: PlanQuestion, backend: Backend | None = None, progress: bool = T
                 if "error" in result:
                     raise SweepError(f"{gpu} x{tp}, {replicas} replicas: {result['error']}")
                 row = _row(q, gpu, tp, replicas, result)
-                search.record(gpu, tp, replicas, row, row["passes"])
+                search.record(gpu, tp, replicas, row, row["passes"], row["passes_point"],
+                              row["hopeless"])
+        dp_rows = _run_layouts(q, [d for d in layouts if d.fits], runner, bar)
+    for (gpu, tp), why in search.hopeless.items():
+        pruned.append({"gpu": gpu, "tp": tp, "why": why})
     for (gpu, tp), _ in search.open.items():
-        pruned.append({"gpu": gpu, "tp": tp, "why": f"no fleet of up to {q.max_replicas} "
-                       "replicas passed"})
-    tried = pd.DataFrame(list(search.tried.values()))
-    answers = [search.tried[(g, tp, r)] for (g, tp), r in search.answer.items()]
-    table = pd.DataFrame(answers)
-    if len(table):
-        table = table.sort_values(["cost", f"{q.percentile}_ttft_ms", "gpu", "tp"],
-                                  kind="stable").reset_index(drop=True)
+        if (gpu, tp) not in search.hopeless:
+            pruned.append({"gpu": gpu, "tp": tp, "why": f"no fleet of up to {q.max_replicas} "
+                           "replicas passed"})
+    for row in dp_rows:
+        if not row["passes"]:
+            pruned.append({"gpu": row["gpu"], "tp": row["tp"], "dp": row["dp"],
+                           "why": f"one DP group does not pass ({row['why']}); fleets of "
+                           "DP groups are not modelled"})
+    tried = pd.DataFrame([*search.tried.values(), *dp_rows])
+    table = _ranked(q, [search.tried[(g, tp, r)] for (g, tp), r in search.answer.items()]
+                    + [r for r in dp_rows if r["passes"]])
     best = table.iloc[0].to_dict() if len(table) else None
-    return PlanResult(best, table, tried, pd.DataFrame(pruned, columns=["gpu", "tp", "why"]),
-                      runner.reused)
+    point = None
+    if q.confidence is not None:
+        ranked = _ranked(q, [search.tried[(g, tp, r)] for (g, tp), r in search.point.items()]
+                         + [r for r in dp_rows if r["passes_point"]])
+        point = ranked.iloc[0].to_dict() if len(ranked) else None
+    return PlanResult(best, table, tried,
+                      pd.DataFrame(pruned, columns=["gpu", "tp", "dp", "why"]).fillna({"dp": 1})
+                      .astype({"dp": int}), runner.reused, point)
+
+
+def _run_layouts(q: PlanQuestion, layouts: list[Any], runner: Any, bar: Any
+                 ) -> list[dict[str, Any]]:
+    """Each fitting DP layout simulated once, as one group (no replica search: see
+    sim.experiments.plan_layouts)."""
+    if not layouts:
+        return []
+    bar.total += len(layouts)
+    bar.refresh()
+    results = runner.run([Task(q.scenario(d.gpu, d.tp, 1, d.dp), q.base_dir)
+                          for d in layouts], bar)
+    rows = []
+    for d, result in zip(layouts, results, strict=True):
+        if "error" in result:
+            raise SweepError(f"{d.gpu} {layout_label(d.tp, d.dp)}: {result['error']}")
+        rows.append(_row(q, d.gpu, d.tp, 1, result, d.dp))
+    return rows
+
+
+def _ranked(q: PlanQuestion, rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Passing fleets, cheapest first (ties: the lower percentile TTFT)."""
+    table = pd.DataFrame(rows)
+    if len(table):
+        table = table.sort_values(["cost", f"{q.percentile}_ttft_ms", "gpu", "tp", "dp"],
+                                  kind="stable").reset_index(drop=True)
+    return table

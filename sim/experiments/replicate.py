@@ -18,6 +18,7 @@ import numpy as np
 from sim.config.scenario import Scenario
 from sim.experiments.run import run_scenario
 from sim.experiments.sweep import Backend, SweepError, Task, open_backend
+from sim.results.files.predicted import refreshed
 from sim.results.files.report import jsonable
 from sim.results.files.run import RunResult
 from sim.results.files.steady import pool_replications
@@ -61,5 +62,6 @@ def replicate(scenario: Scenario, base_dir: Path | None, count: int,
             for k in ("request_throughput", "request_goodput", "slo_attainment",
                       "p99_ttft_ms", "p99_tpot_ms")}}
         for seed, s in zip(seeds, summaries, strict=True)]
+    pooled.update(refreshed({**first.summary, **pooled}))  # over the pooled ci95
     first.summary.update(pooled)
     return first, pooled

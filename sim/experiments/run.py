@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sim.assemble import build_latency, build_replica, kv_budget
+from sim.assemble import build_group_latency, build_latency, build_replica, kv_budget
 from sim.config.frontend import Frontend
 from sim.config.scenario import Scenario
 from sim.core.plan import StepShape
@@ -29,6 +29,8 @@ from sim.results.files.summary import run_summary, scenario_slo
 from sim.results.record.recorder import KEEP, RunRecorder
 from sim.results.record.requests import RequestCSV
 from sim.workload import make_requests
+from sim.world.dp_group import simulate_dp_group
+from sim.world.dp_log import LockstepRecorder
 from sim.world.fleet import simulate_fleet
 from sim.world.replica import ReplicaSetup
 from sim.world.router import build_router, router_rng
@@ -58,9 +60,15 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
     """
     if not keep_rows and timeline:
         raise ValueError("a traced timeline needs the request rows (keep_rows=True)")
+    if scenario.disaggregation is not None:  # two pools and a link (sim.world.disaggregated)
+        from sim.experiments.run_disaggregated import run_disaggregated
+
+        return run_disaggregated(scenario, base_dir, show_progress,
+                                 keep_rows or requests_csv is not None)
     budget = kv_budget(scenario)
     slo = scenario_slo(scenario)
-    parts = [build_replica(scenario, budget) for _ in range(scenario.replicas)]
+    dp = scenario.hardware.data_parallel  # > 1: one replica's ranks, in lockstep
+    parts = [build_replica(scenario, budget) for _ in range(scenario.replicas * dp)]
     latencies = [build_latency(scenario, base_dir) for _ in parts]
     verifiers: list[AcceptanceSampler | None] = [None] * len(parts)
     if scenario.speculative.num_tokens:  # the draft's pricing and the verifier load only here
@@ -84,28 +92,40 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
         rows = RequestCSV(requests_csv, bool(scenario.speculative.num_tokens),
                           DIAGNOSIS_COLUMNS,
                           _take_from([o.diagnoser for o in observers if o is not None]))
-    recorder = RunRecorder(rows=rows, slo=slo)
-    setups = [ReplicaSetup(p.scheduler, lat, recorder if scenario.replicas == 1 else
+    recorder = RunRecorder(rows=rows, slo=slo) if dp == 1 else LockstepRecorder(
+        rows=rows, slo=slo, ranks=dp)
+    setups = [ReplicaSetup(p.scheduler, lat, recorder if len(parts) == 1 else
                            RunRecorder(rows=KEEP if kept else None, slo=slo),
                            p.kv, verifier, fast_forward=fast_forward, observer=observer)
               for p, lat, observer, verifier in zip(parts, latencies, observers, verifiers,
                                                     strict=True)]
     latency = setups[0].latency
     router = build_router(scenario.router.policy, scenario.router.load_limit)
-    requests = make_requests(scenario.workload, scenario.seed, base_dir)
+    try:
+        requests = make_requests(scenario.workload, scenario.seed, base_dir)
+    except BaseException:  # a bad trace: close requests.csv before the error is printed
+        recorder.close()
+        raise
     total = scenario.workload.num_requests
     started = time.perf_counter()
     try:
         # short runs stay silent (and load no tqdm): the bar appears only after 2 s
         with DelayedBar(total, "simulating", "req", enabled=show_progress) as bar:
-            simulate_fleet(requests, setups, router, router_rng(scenario.seed), recorder,
-                           on_done=bar.update, frontend=frontend)
+            if isinstance(recorder, LockstepRecorder):  # sim.world.dp_group
+                simulate_dp_group(requests, setups, build_group_latency(scenario), router,
+                                  router_rng(scenario.seed), recorder, recorder.lockstep,
+                                  on_done=bar.update, frontend=frontend)
+            else:
+                simulate_fleet(requests, setups, router, router_rng(scenario.seed), recorder,
+                               on_done=bar.update, frontend=frontend)
     finally:
         recorder.close()
     wall_s = time.perf_counter() - started
     timeline_frame = collect(setups, recorder if kept else None)
     summary = run_summary(scenario, budget, recorder, setups, latency.name, wall_s,
                           [s.recorder for s in setups], frontend)
+    if isinstance(recorder, LockstepRecorder):  # the rows under `replicas` are the ranks
+        summary["data_parallel"] = recorder.lockstep.summary()
     num_blocks = setups[0].kv.num_usable_blocks
     return RunResult(scenario, summary, recorder, budget, num_blocks, latency.name,
                      wall_s, tuple(s.recorder for s in setups), timeline_frame)

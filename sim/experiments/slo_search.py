@@ -32,10 +32,11 @@ def _num(value: Any) -> float:
 class Lengthening:
     """Evaluates probes for the bisection, lengthening each run as the spec asks."""
 
-    def __init__(self, session: Any, variants: dict[str, VariantSpec], base_n: int | None
-                 ) -> None:
+    def __init__(self, session: Any, variants: dict[str, VariantSpec], base_n: int | None,
+                 confidence: float | None = None) -> None:
         spec = session.base.spec
         self.session, self.variants, self.base_n = session, variants, base_n
+        self.confidence = confidence  # set: attainment's lower bound must reach the threshold
         self.threshold, self.target = spec.slo_threshold, spec.ci_half_width
         self.rate_target = spec.rate_ci_half_width
         self.budget = spec.request_budget
@@ -44,7 +45,9 @@ class Lengthening:
         self.notes: dict[str, dict[str, None]] = {n: {} for n in variants}
 
     def met(self, row: dict[str, Any]) -> bool:
-        return bool(row["sustained"]) and _num(row["window_attainment"]) >= self.threshold
+        attainment = row["window_attainment" if self.confidence is None
+                         else "window_attainment_lo"]
+        return bool(row["sustained"]) and _num(attainment) >= self.threshold
 
     def base_met(self, name: str, rate: float) -> bool:
         return self.met(self.session.rows[(name, rate, None)])
@@ -130,6 +133,7 @@ class Lengthening:
                 "slo_attainment": _num(found.get("window_attainment")),
                 "slo_attainment_lo": _num(found.get("window_attainment_lo")),
                 "slo_attainment_hi": _num(found.get("window_attainment_hi")),
+                "window_throughput": _num(found.get("window_throughput")),
                 "request_goodput": goodput,
                 "request_goodput_lo": _num(found.get("window_goodput_lo")),
                 "request_goodput_hi": _num(found.get("window_goodput_hi")),
@@ -141,16 +145,33 @@ class Lengthening:
                 "note": "; ".join(self.notes[name]) or None}
 
 
-def slo_search(session: Any, rates: list[float]) -> pd.DataFrame | None:
-    """Each variant's highest sustained rate meeting the base scenario's SLOs (see above)."""
+def slo_search(session: Any, rates: list[float], confidence: float | None = None
+               ) -> pd.DataFrame | None:
+    """Each variant's highest sustained rate meeting the base scenario's SLOs (see above).
+
+    `confidence`: the SLO bounds the runs were given are already tightened by the model
+    error (sim.results.stats.prediction.tightened_slo); a rate then also needs its
+    attainment's lower bound at the threshold, and a variant outside the validated
+    domain gets no rate, its note saying why (docs/uncertainty.md)."""
     base = session.base
     scenario = base.scenario(VariantSpec(name="base"), rates[0])
     slo = scenario.slo
     if slo is None or all(b is None for b in (slo.ttft_ms, slo.tpot_ms, slo.e2el_ms)):
         return None
     variants = {v.name: v for v in base.spec.variants}
-    search = Lengthening(session, variants, scenario.workload.num_requests)
-    start = {n: bracket([(r, search.base_met(n, r)) for r in rates]) for n in variants}
+    unvalidated: dict[str, list[str]] = {}
+    if confidence is not None:
+        from sim.results.files.predicted import static_reasons
+
+        unvalidated = {n: why for n, v in variants.items()
+                       if (why := static_reasons(base.scenario(v, rates[0])))}
+    search = Lengthening(session, variants, scenario.workload.num_requests, confidence)
+    searched = [n for n in variants if n not in unvalidated]
+    start = {n: bracket([(r, search.base_met(n, r)) for r in rates]) for n in searched}
     start = search.confirm(start, rates)
     found = bisect_max_rate(start, base.spec.bisect_steps, search.evaluate)
-    return pd.DataFrame([search.row(n, b) for n, b in found.items()])
+    rows = {n: search.row(n, b) for n, b in found.items()}
+    for name, why in unvalidated.items():
+        rows[name] = {**search.row(name, Bracket(None, None)),
+                      "note": f"not validated at {confidence:.0%} confidence: {'; '.join(why)}"}
+    return pd.DataFrame([rows[n] for n in variants])

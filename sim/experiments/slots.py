@@ -20,12 +20,18 @@ from sim.results.record.recorder import RunRecorder
 from sim.workload import make_requests
 from sim.world.fleet import simulate
 
+MAX_STEPS = 10_000  # what a picture draws at most per policy: a column per step
+
 
 def record_slots(scenario: Scenario, policy: str, slots: int = 8, num_requests: int = 40,
-                 max_steps: int = 200, burst: bool = True, mean_output_tokens: float = 20.0,
-                 base_dir: Path | None = None) -> SlotRecorder:
+                 max_steps: int | None = None, burst: bool = True,
+                 mean_output_tokens: float = 20.0, base_dir: Path | None = None
+                 ) -> SlotRecorder:
     """Simulate the scenario's first `num_requests` requests under `policy` with `slots`
     batch slots (static/dynamic batch_size, continuous max_num_seqs).
+
+    `max_steps`: the steps recorded; None records until every request has finished (at
+    most MAX_STEPS), so that no policy's panel is cut short of its last request.
 
     `burst` makes them all arrive at 0, a backlog that shows how each policy refills
     its slots; `mean_output_tokens` > 0 scales the output lengths to that mean, keeping
@@ -45,7 +51,7 @@ def record_slots(scenario: Scenario, policy: str, slots: int = 8, num_requests: 
     requests = [r.rescripted(0.0 if burst else r.arrival_s, max(
         1, round(r.output_tokens * scale)) if scale else r.output_tokens) for r in requests]
     pool = build_block_manager(one, kv_budget(one))
-    recorder = SlotRecorder(max_steps)
+    recorder = SlotRecorder(MAX_STEPS if max_steps is None else max_steps)
     simulate(requests, build_scheduler(one, pool), build_latency(one, base_dir), RunRecorder(),
              observer=recorder)
     return recorder

@@ -85,12 +85,22 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*grid.values())]
 
 
+def set_keys(sets: Sequence[str]) -> list[str]:
+    """The field paths of `--set KEY=VALUE` strings, as written."""
+    return [item.partition("=")[0].strip() for item in sets]
+
+
 def build_tasks(path: str | Path, points: list[dict[str, Any]], out_dir: Path | None,
-                plots: bool) -> list[Task]:
-    """Validate every point in the parent: a bad key or value fails before any run."""
+                plots: bool, fixed: Sequence[str] = ()) -> list[Task]:
+    """Validate every point in the parent: a bad key or value fails before any run.
+    `fixed`: `--set` overrides applied to every point first (a grid key may not repeat one)."""
+    both = sorted(set(set_keys(fixed)) & {k for point in points[:1] for k in point})
+    if both:
+        raise SweepError(f"--set {both[0]}: the key is also a --grid key; give it in one of "
+                         "them")
     tasks = []
     for i, point in enumerate(points):
-        sets = [override(k, v) for k, v in point.items()]
+        sets = [*fixed, *(override(k, v) for k, v in point.items())]
         try:
             scenario, base_dir = load_scenario(path, sets)
         except ScenarioError as err:
@@ -106,16 +116,17 @@ def point_label(point: dict[str, Any]) -> str:
 
 def sweep(path: str | Path, grid: dict[str, list[Any]], backend: Backend | None = None,
           out_dir: Path | None = None, plots: bool = False, progress: bool = True,
-          cache: PointCache | None = None) -> pd.DataFrame:
+          cache: PointCache | None = None, sets: Sequence[str] = ()) -> pd.DataFrame:
     """Run every grid point; one row per point, grid columns first, in grid order.
 
     `cache`: finished points are reused from it and added to it (sim.experiments.cache);
-    the table's `attrs["reused"]` says how many came from it."""
+    the table's `attrs["reused"]` says how many came from it. `sets`: `--set KEY=VALUE`
+    overrides of the scenario, the same for every point (as `servesim run` takes them)."""
     from tqdm import tqdm
 
     backend = backend or Backend()
     points = grid_points(grid)
-    tasks = build_tasks(path, points, out_dir, plots)
+    tasks = build_tasks(path, points, out_dir, plots, sets)
     with open_backend(backend, cache) as runner, tqdm(total=len(tasks), unit="run",
                                                        desc="sweep", disable=not progress) as bar:
         results = runner.run(tasks, bar)
@@ -151,6 +162,8 @@ def markdown_table(frame: pd.DataFrame, float_format: str = "{:.4g}") -> str:
         if value is None or (isinstance(value, float) and value != value):
             return "n/a"
         if isinstance(value, float):
+            if value.is_integer() and abs(value) < 1e15:  # a count a gap made float: 76800
+                return str(int(value))
             return float_format.format(value)
         return str(value)
 

@@ -46,11 +46,12 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from sim.config.attention import layer_bytes_per_token, layer_counts
-from sim.config.costs import attention_flops_per_pair, kv_bytes_per_token
+from sim.config.costs import attention_flops_per_pair
 from sim.config.hardware import HardwareSpec
-from sim.config.link import Link, transfer_s
+from sim.config.link import Link
 from sim.config.specs import ModelSpec, check_ep, check_tp
 from sim.core.plan import StepShape
+from sim.latency.kv_transfer import kv_shard_bytes, kv_transfer_s
 from sim.latency.roofline_fits import RooflineParams, params_for
 from sim.latency.roofline_layers import Gemm, layer_groups, model_dims
 from sim.latency.roofline_parts import PricedGroup
@@ -101,6 +102,10 @@ class RooflineLatency(RooflineRuns):
     # async scheduling: the share of host time still serial with the GPU (1: synchronous,
     # the engine as vLLM runs it without async scheduling); see visible_host_s
     host_serial_share: float = 1.0
+    # data-parallel attention ranks sharing the experts (ep = dp x tp): > 1 prices one rank,
+    # its routed experts and their all-to-alls left to the lockstep group
+    # (sim.latency.moe_dp_ep.DPEPGroupLatency)
+    dp: int = 1
     _p: RooflineParams = field(init=False, repr=False, compare=False)
     _dims: LayerDims = field(init=False, repr=False, compare=False)
     _groups: tuple[PricedGroup, ...] = field(init=False, repr=False, compare=False)
@@ -136,7 +141,7 @@ class RooflineLatency(RooflineRuns):
     def __post_init__(self) -> None:
         m, tp, ep, hw = self.model, self.tp, self.ep, self.hardware
         check_tp(m, tp)
-        check_ep(m, tp, ep)
+        check_ep(m, tp, ep, self.dp)
         for name in ("step_overhead_s", "seq_overhead_s"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < float("inf"):
@@ -180,7 +185,7 @@ class RooflineLatency(RooflineRuns):
             "_dims": dims,
             "_groups": tuple(PricedGroup(g, tuple(map(cost, g.dense)),
                                           tuple(map(cost, g.experts)))
-                             for g in layer_groups(m, hw, tp, ep)),
+                             for g in layer_groups(m, hw, tp, ep, routed=self.dp == 1)),
             "_lm_head": gemm_cost(dims.hidden, dims.vocab, hw.bf16_flops_per_s, bw, params,
                                   act, act),
             "_act_bytes": act,
@@ -215,10 +220,10 @@ class RooflineLatency(RooflineRuns):
 
     def swap_time_s(self, shape: StepShape) -> float:
         """Host-link seconds for the KV the step swaps out and in (one GPU's shard each):
-        one transfer over hardware.host_link."""
+        one transfer over hardware.host_link, priced as every KV mover (sim.latency.kv_transfer)."""
         slots = shape.swap_out_tokens + shape.swap_in_tokens
-        return transfer_s(self.hardware.host_link,
-                          slots * kv_bytes_per_token(self.model, self.tp)) if slots else 0.0
+        return kv_transfer_s(self.hardware.host_link,
+                             kv_shard_bytes(self.model, slots, self.tp)) if slots else 0.0
 
     def step_time(self, shape: StepShape) -> float:
         """Seconds for one step; an empty shape launches nothing and costs 0 (but swaps).

@@ -94,10 +94,12 @@ def _stored(shapes: tuple[tuple[float, float], ...], dtype: DType, act: DType,
     return tuple(Gemm(k, n, dtype.bytes_per_element, rate, scale) for k, n in shapes)
 
 
-def layer_groups(model: ModelSpec, hw: HardwareSpec, tp: int = 1, ep: int = 1
-                 ) -> tuple[LayerGroup, ...]:
+def layer_groups(model: ModelSpec, hw: HardwareSpec, tp: int = 1, ep: int = 1,
+                 routed: bool = True) -> tuple[LayerGroup, ...]:
     """The dense layers, then the MoE layers (either may be absent). Under expert
-    parallelism (ep > 1) a GPU holds whole experts; under tp a 1/tp slice of each."""
+    parallelism (ep > 1) a GPU holds whole experts; under tp a 1/tp slice of each.
+    `routed=False` leaves the routed experts out (a data-parallel rank: the lockstep
+    group prices them, sim.latency.moe_dp_ep)."""
     m, h = model, model.hidden_size
     base = model_dims(m, tp)
     if m.attention == "mla":
@@ -121,5 +123,6 @@ def layer_groups(model: ModelSpec, hw: HardwareSpec, tp: int = 1, ep: int = 1
             m.moe_layers, base._replace(intermediate=per_row),
             attention + (router,) + (_stored(_mlp_shapes(h, shared), weights, act, hw)
                                      if shared else ()),
-            _stored(_mlp_shapes(h, expert / (1 if ep > 1 else tp)), m.experts, act, hw)))
+            _stored(_mlp_shapes(h, expert / (1 if ep > 1 else tp)), m.experts, act, hw)
+            if routed else ()))
     return tuple(groups)

@@ -56,6 +56,7 @@ class RooflineParts:
     hardware: HardwareSpec
     tp: int
     ep: int
+    dp: int
     _p: RooflineParams
     _dims: LayerDims
     _groups: tuple[PricedGroup, ...]
@@ -152,7 +153,7 @@ class RooflineParts:
             return 0.0
         seconds = self._allreduces * allreduce_s(
             self._link, rows * self._allreduce_bytes_per_token, self.tp)
-        if self.ep > 1:
+        if self.ep > 1 and self.dp == 1:  # dp > 1: the lockstep group prices them
             m = self.model
             seconds += 2 * m.moe_layers * all_to_all_s(self._link, dispatch_bytes_per_gpu(
                 rows, m.experts_per_token, m.hidden_size, self._act_bytes, self.ep), self.ep)

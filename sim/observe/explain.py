@@ -12,6 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 from sim.observe.diagnose import TTFT_PARTS
+from sim.observe.run_files import DiagnosisError
 
 PART_LABELS = {
     "ttft_queue_ms": "queueing for admission",
@@ -23,10 +24,6 @@ PART_LABELS = {
     "ttft_frontend_ms": "API server, tokenizer, output lag and stream",
 }
 REQUEST_LEVEL = ("static", "dynamic")
-
-
-class DiagnosisError(ValueError):
-    """A user mistake (no such run, request or column): printed as one line."""
 
 
 def dominant_cause(row: pd.Series) -> str:
@@ -104,8 +101,14 @@ def run_breakdown(frame: pd.DataFrame) -> pd.Series:
 
 
 def explain_run(frame: pd.DataFrame, policy: str = "continuous", slowest: int = 3,
-                request_id: int | None = None) -> str:
-    """`request_id`'s explanation, or the run's TTFT breakdown and its `slowest` requests."""
+                request_id: int | None = None, p99_ttft_ms: float | None = None) -> str:
+    """`request_id`'s explanation, or the run's TTFT breakdown and its `slowest` requests.
+
+    `p99_ttft_ms` is the run's own figure (summary.json): `servesim run` estimates a
+    client's percentile as the engine's plus the front end at the mean prompt, so
+    explain prints that one rather than a second estimate from the rows that disagrees
+    in the last digits; without it the rows' own 99th percentile is shown.
+    """
     missing = [c for c in TTFT_PARTS if c not in frame.columns]
     if missing:
         raise DiagnosisError(f"requests have no TTFT diagnosis columns ({', '.join(missing)}); "
@@ -126,10 +129,11 @@ def explain_run(frame: pd.DataFrame, policy: str = "continuous", slowest: int = 
     if done.empty:
         return "no finished requests: nothing to explain"
     shares = run_breakdown(done)
+    p99 = float(done["ttft_ms"].quantile(0.99)) if p99_ttft_ms is None else p99_ttft_ms
     parts = ", ".join(f"{PART_LABELS[n]} {100 * s:.0f}%" for n, s in
                       shares.sort_values(ascending=False).items() if s >= 0.005)
     head = (f"{len(done)} finished requests, {policy} batching: mean TTFT "
-            f"{done['ttft_ms'].mean():.1f} ms, p99 {done['ttft_ms'].quantile(0.99):.1f} ms; "
+            f"{done['ttft_ms'].mean():.1f} ms, p99 {p99:.1f} ms; "
             f"the TTFT went to {parts}")
     worst = done.nlargest(slowest, "ttft_ms")
     return "\n\n".join([head, *(explain_request(row, policy) for _, row in worst.iterrows())])

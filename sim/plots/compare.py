@@ -47,7 +47,9 @@ def _achieved(ax: Axes, rows: pd.DataFrame, name: str) -> None:
         ax.plot(*_xy(rows, "offered_rate", "request_throughput"), marker="o", label=name)
         return
     x, y = _xy(rows, "offered_rate", "window_throughput")
-    lo = y - rows["window_throughput_lo"].to_numpy(dtype=np.float64)
+    # a rate's interval never reaches below 0 (sim.results.files.steady cuts it there); a
+    # table written before that cut is read the same way
+    lo = y - np.maximum(rows["window_throughput_lo"].to_numpy(dtype=np.float64), 0.0)
     hi = rows["window_throughput_hi"].to_numpy(dtype=np.float64) - y
     line = ax.errorbar(x, y, yerr=np.nan_to_num([lo, hi]), marker="o", capsize=3, label=name)
     gone = ~rows["sustained"].to_numpy(dtype=bool)
@@ -57,6 +59,11 @@ def _achieved(ax: Axes, rows: pd.DataFrame, name: str) -> None:
 
 
 def plot_throughput(table: pd.DataFrame, path: Path) -> Path:
+    """`throughput_figure` saved to `path`."""
+    return save_figure(throughput_figure(table), path)
+
+
+def throughput_figure(table: pd.DataFrame) -> Figure:
     """Achieved request throughput (steady state, 95% CI; hollow = not sustained) and
     output-token throughput against the offered rate."""
     fig = Figure(figsize=(11, 4.2), layout="constrained")
@@ -71,7 +78,7 @@ def plot_throughput(table: pd.DataFrame, path: Path) -> Path:
             "achieved (req/s)")
     _finish(ax_tok, "Output tokens", "offered rate (req/s)", "output throughput (tok/s)")
     fig.suptitle("Achieved throughput vs offered load")
-    return save_figure(fig, path)
+    return fig
 
 
 def plot_latency(table: pd.DataFrame, path: Path) -> Path:
@@ -217,6 +224,33 @@ def _plain_number(value: float, _position: object = None) -> str:
     return f"{value:,.0f}" if value >= 1 else f"{value:g}"
 
 
+def _band(ax: Axes, rows: pd.DataFrame, x: str, column: str, color: str) -> None:
+    """The measurement window's 95% interval of `column` around its own window estimate,
+    over every point that has one; a point without (too few requests in its window for
+    batch means) is drawn as a hollow ring on the line so that the gap reads as such."""
+    band = f"window_{column}"
+    if f"{band}_lo" not in rows:
+        return
+    xs = rows[x].to_numpy(dtype=np.float64)
+    lo = rows[f"{band}_lo"].to_numpy(dtype=np.float64)
+    hi = rows[f"{band}_hi"].to_numpy(dtype=np.float64)
+    known = np.isfinite(lo) & np.isfinite(hi)
+    if known.any():
+        label = "95% CI (window)" if (hi[known] > lo[known]).any() and not any(
+            t.startswith("95% CI") for t in ax.get_legend_handles_labels()[1]) else None
+        ax.fill_between(xs, np.where(known, lo, np.nan), np.where(known, hi, np.nan),
+                        color=color, alpha=0.15, linewidth=0, label=label)
+        # and a bar at each point, so that a lone point between gaps shows its interval
+        ax.errorbar(xs[known], (lo[known] + hi[known]) / 2, yerr=(hi[known] - lo[known]) / 2,
+                    fmt="none", ecolor=color, alpha=0.6, capsize=3)
+    gap = ~known
+    if gap.any():
+        label = "no CI (window too short)" if not any(
+            t.startswith("no CI") for t in ax.get_legend_handles_labels()[1]) else None
+        ax.plot(xs[gap], rows[column].to_numpy(dtype=np.float64)[gap], "o", ms=9,
+                markerfacecolor="none", color=color, label=label)
+
+
 def sweep_figure(table: pd.DataFrame, grid_keys: list[str]) -> Figure:
     """Peak concurrency, TTFT, TPOT and throughput against the sweep's first numeric key.
 
@@ -243,15 +277,14 @@ def sweep_figure(table: pd.DataFrame, grid_keys: list[str]) -> Figure:
                     name = " ".join(p for p in (label, what) if p) or ylabel
                     ax.plot(*_xy(rows, x, column), marker="o", color=f"C{i % 10}",
                             linestyle=_STAT_STYLES.get(what, "-"), label=name)
-                    band = f"window_{column}"  # the steady-state 95% CI, where the row has it
-                    if f"{band}_lo" in rows and rows[f"{band}_lo"].notna().any():
-                        ax.fill_between(rows[x].to_numpy(dtype=np.float64),
-                                        rows[f"{band}_lo"].to_numpy(dtype=np.float64),
-                                        rows[f"{band}_hi"].to_numpy(dtype=np.float64),
-                                        color=f"C{i % 10}", alpha=0.15, linewidth=0)
+                    _band(ax, rows, x, column, f"C{i % 10}")
         if x is not None and table[x].min() > 0 and table[x].max() >= 8 * table[x].min():
             ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_formatter(FuncFormatter(_plain_number))  # 4,096, not 2^12
+        if x is not None:  # ticks at the values swept (3,840, not the power of 2 near it)
+            ticks = np.unique(table[x].to_numpy(dtype=np.float64))
+            if ticks.size <= 12:
+                ax.set_xticks(ticks, [_plain_number(t) for t in ticks], rotation=30)
+                ax.xaxis.set_minor_formatter(FuncFormatter(lambda *_: ""))
         values = table[[c for c, _ in columns if c in table]].to_numpy(dtype=np.float64)
         if ax.has_data() and np.nanmin(values) > 0 and np.nanmax(values) > 20 * np.nanmin(values):
             ax.set_yscale("log")  # only when the curves span decades

@@ -19,6 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from sim.plots.canvas import no_data, save_figure
+from sim.plots.kv_tiers import plot_kv_tiers
 from sim.plots.timeline import plot_request_timeline
 
 DEFAULT_MAX_POINTS = 5000
@@ -79,6 +80,7 @@ def _plot_series(ax: Axes, t_s: np.ndarray, mean: np.ndarray, peak: np.ndarray,
     ax.plot(t_s, peak, drawstyle="steps-mid", linewidth=0.6, alpha=0.5)
     ax.plot(t_s, mean, drawstyle="steps-mid", linewidth=1.0, label="time-weighted mean")
     ax.ticklabel_format(axis="y", useOffset=False)  # a flat 3.0 reads as 3, not 1e-12+3
+    ax.legend(loc="upper right", fontsize="small")  # every panel: each is read on its own
 
 
 def _plot_held_live(ax: Axes, t_s: np.ndarray, held: np.ndarray, live: np.ndarray,
@@ -93,9 +95,12 @@ def _plot_held_live(ax: Axes, t_s: np.ndarray, held: np.ndarray, live: np.ndarra
     t_s, held, live = t_s[known], held[known], live[known]
     ax.fill_between(t_s, live, held, step="mid", alpha=0.3, color="tab:red", linewidth=0,
                     label="held, not live (waste)")
-    ax.plot(t_s, held, drawstyle="steps-mid", linewidth=1.0, color="tab:red", label="held")
-    ax.plot(t_s, live, drawstyle="steps-mid", linewidth=1.0, color="tab:green",
-            label="live tokens")
+    # live first and wide, held dashed on top: with paged KV the two nearly coincide, and
+    # held must not vanish under live
+    ax.plot(t_s, live, drawstyle="steps-mid", linewidth=2.4, color="tab:green",
+            label="live tokens", zorder=2)
+    ax.plot(t_s, held, drawstyle="steps-mid", linewidth=1.0, color="tab:red",
+            linestyle="--", label="held", zorder=3)
     ax.legend(loc="upper right", fontsize="small")
 
 
@@ -147,14 +152,30 @@ def timeseries_figure(series_df: pd.DataFrame, kv_blocks_total: int | None = Non
     axes[-1].set_xlabel("simulated time (s)")
     note = ""
     if t_s.size:
-        axes[0].legend(loc="upper right", fontsize="small")
         width_s = float(series_df["t_end_s"].iloc[0] - series_df["t_start_s"].iloc[0])
         note = f", {t_s.size} buckets of {width_s:.3g} s"
     fig.suptitle(f"Run time series{note}")
     return fig
 
 
+_REPLICA_STYLES = ("-", "--", "-.", ":")
+_REPLICA_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_MARKS_PER_LINE = 12
+
+
+def replica_style(i: int) -> dict[str, Any]:
+    """Replica i's colour, line style and marker: no two of the first 40 replicas share all
+    three, so overlapping lines stay apart in print and for colour-blind readers too."""
+    return {"color": f"C{i % 10}", "linestyle": _REPLICA_STYLES[i % len(_REPLICA_STYLES)],
+            "marker": _REPLICA_MARKERS[i % len(_REPLICA_MARKERS)], "markersize": 4}
+
+
 def plot_load_balance(series: Sequence[pd.DataFrame], path: Path) -> Path:
+    """`load_balance_figure` saved to `path`."""
+    return save_figure(load_balance_figure(series), path)
+
+
+def load_balance_figure(series: Sequence[pd.DataFrame]) -> Figure:
     """Outstanding requests and batch size per replica over time: how even the router is.
 
     `series` holds each replica's `RunRecorder.steps_frame()`; each line is the
@@ -169,9 +190,15 @@ def plot_load_balance(series: Sequence[pd.DataFrame], path: Path) -> Path:
         t_s = 0.5 * (frame["t_start_s"].to_numpy(np.float64) + frame["t_end_s"].to_numpy(
             np.float64))
         outstanding = (frame["mean_waiting"] + frame["mean_running"]).to_numpy(np.float64)
-        ax_out.plot(t_s, outstanding, drawstyle="steps-mid", linewidth=0.9, label=f"replica {i}")
+        style = replica_style(i)
+        every = max(1, t_s.size // _MARKS_PER_LINE)
+        # markers staggered per replica, so that coinciding lines still show each one's
+        start = (i * every) // max(len(series), 1)
+        ax_out.plot(t_s, outstanding, drawstyle="steps-mid", linewidth=0.9,
+                    markevery=(start, every), label=f"replica {i}", **style)
         ax_batch.plot(t_s, frame["mean_batch_size"].to_numpy(np.float64),
-                      drawstyle="steps-mid", linewidth=0.9, label=f"replica {i}")
+                      drawstyle="steps-mid", linewidth=0.9, markevery=(start, every),
+                      label=f"replica {i}", **style)
     for ax, ylabel, title in ((ax_out, "requests", "Outstanding requests (waiting + running)"),
                               (ax_batch, "batch size (seqs)", "Running batch per step")):
         ax.set_ylabel(ylabel)
@@ -183,15 +210,16 @@ def plot_load_balance(series: Sequence[pd.DataFrame], path: Path) -> Path:
             no_data(ax)
     ax_batch.set_xlabel("simulated time (s)")
     fig.suptitle(f"Load balance across {len(series)} replicas (time-weighted mean per bucket)")
-    return save_figure(fig, path)
+    return fig
 
 
 def plot_run(out_dir: Path, summary: dict[str, Any], requests: pd.DataFrame,
              series: pd.DataFrame, replica_series: Sequence[pd.DataFrame] = (),
              timeline: pd.DataFrame | None = None) -> list[Path]:
     """A run's pictures in `out_dir`: latency_cdf.png and timeseries.png, plus
-    load_balance.png for a fleet (`replica_series`, one per replica) and timeline.png for
-    a traced run. The series is at most 2048 buckets, so this stays fast."""
+    load_balance.png for a fleet (`replica_series`, one per replica), timeline.png for
+    a traced run and kv_tiers.png when an offload tier is configured. The series is at
+    most 2048 buckets, so this stays fast."""
     out_dir = Path(out_dir)
     written = [plot_latency_cdfs(requests, out_dir / "latency_cdf.png"),
                plot_timeseries(series, out_dir / "timeseries.png",
@@ -201,4 +229,6 @@ def plot_run(out_dir: Path, summary: dict[str, Any], requests: pd.DataFrame,
         written.append(plot_load_balance(replica_series, out_dir / "load_balance.png"))
     if timeline is not None:
         written.append(plot_request_timeline(timeline, out_dir / "timeline.png"))
+    if summary.get("kv_offload"):  # an offload tier is configured (sim.plots.kv_tiers)
+        written.append(plot_kv_tiers(summary["kv_offload"], out_dir / "kv_tiers.png"))
     return written

@@ -79,7 +79,9 @@ def plot_slot_timelines(recorders: Mapping[str, SlotRecorder], path: Path | None
     for ax, (policy, rec) in zip(axes, recorders.items(), strict=True):
         edges, image = slot_grid(rec, num_slots, x)
         ax.pcolormesh(edges, np.arange(num_slots + 1), image, shading="flat")
-        ax.set_title(f"{policy}: {len(rec.steps)} steps, slot use {slot_use(rec, num_slots):.0%}"
+        steps = (f"{len(rec.steps)} steps" if rec.steps_seen <= len(rec.steps) else
+                 f"first {len(rec.steps)} of {rec.steps_seen} steps")
+        ax.set_title(f"{policy}: {steps}, slot use {slot_use(rec, num_slots):.0%}"
                      f", {rec.num_finished} requests finished")
         ax.set_ylabel("batch slot")
         ax.set_ylim(num_slots, 0)

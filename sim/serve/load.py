@@ -45,6 +45,7 @@ class Measured:
     prompt_tokens: int
     max_tokens: int
     send_s: float = 0.0
+    due_s: float = 0.0  # its arrival time; it waits for a slot until send_s (max concurrency)
     chunk_s: list[float] = field(default_factory=list)
     finish_s: float = 0.0
     usage_prompt: int | None = None
@@ -151,7 +152,8 @@ async def _replay(base_url: str, requests: Iterable[Request], model: str, chat: 
             wait_s = req.arrival_s - (time.perf_counter() - t0)
             if wait_s > 0:
                 await asyncio.sleep(wait_s)
-            m = Measured(req.request_id, req.prompt_tokens, req.output_tokens)
+            m = Measured(req.request_id, req.prompt_tokens, req.output_tokens,
+                         due_s=time.perf_counter() - t0)
             measured.append(m)
             tasks.append(asyncio.create_task(send(req, m)))
         await asyncio.gather(*tasks)

@@ -25,8 +25,10 @@ from sim.core.kv import KVBudget
 from sim.results.files.run import RunResult
 from sim.results.files.summary import run_summary
 from sim.serve.app import ServedModel, build_app
-from sim.serve.loop import ServeLoop, StepDone
+from sim.serve.kv_events import CacheObserver, KVEventsConfig, ZmqPublisher
+from sim.serve.loop import ServeLoop
 from sim.serve.simulated import build_simulated
+from sim.serve.stepper import StepDone
 from sim.text.base import Tokenizer
 
 
@@ -39,16 +41,19 @@ class Served:
     scenario: Scenario
     budget: KVBudget
     latency_name: str
+    kv_events: KVEventsConfig | None = None  # publish KV events (sim.serve.kv_events)
 
 
 def simulated_served(scenario: Scenario, tokenizer: Tokenizer, base_dir: Path | None = None,
                      model_name: str | None = None, api_key: str | None = None,
-                     on_step: Callable[[StepDone], None] | None = None) -> Served:
+                     on_step: Callable[[StepDone], None] | None = None,
+                     engine_index: int = 0, kv_events: KVEventsConfig | None = None
+                     ) -> Served:
     """The simulated backend of `scenario` behind a loop, ready for a Server."""
     backend = build_simulated(scenario, tokenizer, base_dir)
-    loop = ServeLoop(backend.stepper, tokenizer, on_step)
+    loop = ServeLoop(backend.stepper, tokenizer, on_step, backend.max_model_len, engine_index)
     model = ServedModel(model_name or scenario.model_spec.name, backend.max_model_len, api_key)
-    return Served(loop, model, scenario, backend.budget, backend.latency_name)
+    return Served(loop, model, scenario, backend.budget, backend.latency_name, kv_events)
 
 
 class Server:
@@ -58,6 +63,8 @@ class Server:
         self.served, self.host, self.port = served, host, port
         self._runner: web.AppRunner | None = None
         self._task: asyncio.Task | None = None
+        self._publisher: ZmqPublisher | None = None
+        self._observer: CacheObserver | None = None
         self._started_s = 0.0
 
     async def start(self) -> int:
@@ -71,7 +78,12 @@ class Server:
         sockets = site._server.sockets if site._server is not None else []  # noqa: SLF001
         self.port = sockets[0].getsockname()[1] if sockets else self.port
         self._started_s = time.perf_counter()
-        self._task = asyncio.get_running_loop().create_task(self.served.loop.run())
+        loop = self.served.loop
+        if self.served.kv_events is not None:
+            self._publisher = ZmqPublisher(self.served.kv_events)
+            self._observer = CacheObserver(loop.stepper.kv, self._publisher.send, loop.tokens_of)
+            loop.kv_observer = self._observer.observe
+        self._task = asyncio.get_running_loop().create_task(loop.run())
         return self.port
 
     async def stop(self) -> None:
@@ -81,6 +93,9 @@ class Server:
         await asyncio.sleep(0.05)  # let handlers write their last events
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._observer is not None and self._publisher is not None:
+            self._observer.clear()
+            self._publisher.close()
 
     def result(self) -> RunResult:
         """The served requests and steps as a run's result (the files of `servesim run`)."""

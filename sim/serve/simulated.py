@@ -28,7 +28,7 @@ from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
 from sim.latency.draft import with_draft
 from sim.serve.api import Generation
-from sim.serve.loop import StepDone
+from sim.serve.stepper import StepDone
 from sim.text.base import Tokenizer
 from sim.world.speculation import build_speculation
 
@@ -66,7 +66,7 @@ class SimulatedStepper:
         return time.perf_counter() - self._origin_s
 
     def add(self, request: Request, generation: Generation, at_s: float) -> bool:
-        seed = generation.seed if generation.seed is not None else 0
+        seed = (generation.seed if generation.seed is not None else 0) + generation.child_index
         self._offsets[request.request_id] = seed % len(self._passage)
         return self.scheduler.add(request, at_s)
 
@@ -82,6 +82,8 @@ class SimulatedStepper:
             return None
         held = scheduler.kv_slots_held
         duration_s = self.latency.step_time(plan.shape)
+        if plan.shape.tier_load_s:  # synchronous offload-tier loads (sim.core.offload_tier)
+            duration_s += plan.shape.tier_load_s
         end_s = start_s + duration_s
         wait_s = end_s - self.clock()
         if wait_s > 0:
@@ -125,6 +127,10 @@ def build_simulated(scenario: Scenario, tokenizer: Tokenizer, base_dir: Path | N
     """The scenario's one replica (sim.assemble), with its latency model and speculation. The
     loop steps it synchronously, and its real HTTP stack, tokenizer and detokenizer are the
     frontend a client sees (nothing is slept for them)."""
+    if scenario.hardware.data_parallel > 1:  # ranks in lockstep: sim.world.dp_group only
+        raise ValueError(f"hardware.data_parallel: `servesim serve` serves one replica's "
+                         f"scheduler, not {scenario.hardware.data_parallel} data-parallel "
+                         "ranks in lockstep; simulate them with `servesim run`")
     scenario = synchronous(scenario)
     budget = kv_budget(scenario)
     parts = build_replica(scenario, budget)

@@ -69,9 +69,9 @@ def resolve_trace_path(path: str, base_dir: Path | None = None) -> Path:
         candidates = [base_dir / given] if base_dir is not None else []
         candidates.append(Path.cwd() / given)
     for candidate in candidates:
-        if candidate.is_file():
+        if candidate.exists():  # a directory or device: the reader says what it is
             return candidate
-    tried = ", ".join(str(c) for c in candidates)
+    tried = ", ".join(dict.fromkeys(str(c) for c in candidates))
     raise FileNotFoundError(f"trace file {path!r} not found (tried: {tried})")
 
 

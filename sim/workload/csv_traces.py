@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.config.checks import shown
 from sim.workload.trace_rows import TraceFormatError, counts, row_error, seconds
 
 
@@ -93,7 +94,7 @@ def header_problem(path: Path, header: list[str], needed: list[str]) -> TraceFor
     known = "; ".join(f"{name}: {c.prompt_tokens}, {c.output_tokens}"
                       for name, c in CSV_FORMATS.items())
     return TraceFormatError(
-        f"{path}:1: expected a header with {', '.join(needed)}, got {','.join(header)!r}. "
+        f"{path}:1: expected a header with {', '.join(needed)}, got {shown(','.join(header))}. "
         f"Known formats (prompt, output columns): {known}; or name yours with "
         "trace: {path: FILE, columns: {prompt_tokens: COL, output_tokens: COL, arrival_s: COL}} "
         "(arrival_s optional), or for an empirical length, column: COL")
@@ -113,6 +114,12 @@ def read_cells(path: Path, names: list[str]) -> tuple[list[int], list[list[str]]
         missing = [name for name in names if name not in header]
         if missing:
             raise header_problem(path, header, names)
+        twice = [name for name in names if header.count(name) > 1]
+        if twice:
+            at = [i + 1 for i, name in enumerate(header) if name == twice[0]]
+            raise TraceFormatError(f"{path}:1: column {shown(twice[0], 40)} appears "
+                                   f"{len(at)} times (fields {', '.join(map(str, at))}); a "
+                                   "column servesim reads must appear once")
         index = [header.index(name) for name in names]
         rows = list(reader)
     # one line a row (a header or row over several lines would take more) and none short

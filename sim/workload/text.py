@@ -55,7 +55,7 @@ def is_text_jsonl(path: Path) -> bool:
             if text.strip():
                 try:
                     record = json.loads(text)
-                except json.JSONDecodeError:
+                except (ValueError, RecursionError):  # the reader names the line
                     return False
                 return isinstance(record, dict) and "prompt" in record
     return False

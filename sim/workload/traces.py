@@ -63,7 +63,8 @@ def _read_csv(path: Path, fmt: str, mapping: Mapping[str, str | None] | None,
     columns = rows.columns
     arrival_column = columns.arrival_s or "arrival times (trace.columns.arrival_s is null)"
     if rows.arrival_s is not None:
-        check_arrivals(rows.arrival_s, rows.lines, rows.arrival_cells, path, arrival_column)
+        check_arrivals(rows.arrival_s, rows.lines, rows.arrival_cells, path, arrival_column,
+                       time_scale)
     return Trace(
         source=str(path),
         arrival_s=(rebased_s(rows.arrival_s, time_scale) if rows.arrival_s is not None
@@ -98,7 +99,7 @@ def _read_mooncake(path: Path, time_scale: float) -> Trace:
     if not lines:
         raise TraceFormatError(f"{path}: the trace has no rows")
     arrival_s = np.asarray(arrivals, dtype=np.float64)
-    check_arrivals(arrival_s, lines, stamps, path, "timestamp")
+    check_arrivals(arrival_s, lines, stamps, path, "timestamp", time_scale)
     unit = MOONCAKE_UNIT_TOKENS
     return Trace(
         source=str(path),
@@ -117,18 +118,41 @@ def _read_mooncake(path: Path, time_scale: float) -> Trace:
 
 def detect_format(path: Path) -> TraceFormat:
     """Guess the format from the extension and, for CSV, the header (`csv` if none fits)."""
-    if path.suffix.lower() in (".jsonl", ".json"):
-        return "text" if is_text_jsonl(path) else "mooncake"
-    return detect_csv_format(read_header(path)) or "csv"  # type: ignore[return-value]
+    path = _checked(path)
+    try:
+        if path.suffix.lower() in (".jsonl", ".json"):
+            return "text" if is_text_jsonl(path) else "mooncake"
+        return detect_csv_format(read_header(path)) or "csv"  # type: ignore[return-value]
+    except UnicodeDecodeError as err:
+        raise _not_text(path, err) from None
+
+
+# A trace of MAX_REQUESTS (10 million) rows is a few hundred MB; the reader holds every
+# cell as a Python string, so a larger file is refused before it is read.
+MAX_TRACE_BYTES = 2 * 2**30
 
 
 def _checked(path: Path | str, time_scale: float = 1.0) -> Path:
     path = Path(path)
     if not (math.isfinite(time_scale) and time_scale > 0):
         raise ValueError(f"time_scale must be finite and > 0, got {time_scale}")
+    if path.is_dir():
+        raise TraceFormatError(f"{path}: is a directory, not a trace file")
+    if path.exists() and not path.is_file():
+        raise TraceFormatError(f"{path}: is not a regular file (a device or pipe); give a "
+                               "trace file")
     if not path.is_file():
         raise FileNotFoundError(f"trace file not found: {path}")
+    size = path.stat().st_size
+    if size > MAX_TRACE_BYTES:
+        raise TraceFormatError(f"{path}: {size:,} bytes is more than a trace may hold (at most "
+                               f"{MAX_TRACE_BYTES:,}: 10 million requests are far smaller)")
     return path
+
+
+def _not_text(path: Path, err: UnicodeDecodeError) -> TraceFormatError:
+    return TraceFormatError(f"{path}: not a text file (a byte at offset {err.start} is not "
+                            "UTF-8); give a CSV or JSONL trace")
 
 
 def read_trace(path: Path | str, fmt: TraceFormat | None = None, time_scale: float = 1.0,
@@ -141,6 +165,15 @@ def read_trace(path: Path | str, fmt: TraceFormat | None = None, time_scale: flo
     `tokenizer` (default: bytes).
     """
     path = _checked(path, time_scale)
+    try:
+        return _read_trace(path, fmt, time_scale, tokenizer, columns)
+    except UnicodeDecodeError as err:
+        raise _not_text(path, err) from None
+
+
+def _read_trace(path: Path, fmt: TraceFormat | None, time_scale: float,
+                tokenizer: Tokenizer | None, columns: Mapping[str, str | None] | None
+                ) -> Trace:
     fmt = fmt or detect_format(path)
     if columns and fmt not in CSV_FORMATS:
         raise ValueError(f"trace.columns: maps the columns of a CSV trace; {path} is read as "
@@ -159,6 +192,13 @@ def read_column(path: Path | str, fmt: TraceFormat | None, column: str) -> np.nd
     """One named column (CSV) or key (JSONL) of token counts, zeros read as 1 with a warning:
     the values of an empirical length distribution's `column:`."""
     path = _checked(path)
+    try:
+        return _read_column(path, fmt, column)
+    except UnicodeDecodeError as err:
+        raise _not_text(path, err) from None
+
+
+def _read_column(path: Path, fmt: TraceFormat | None, column: str) -> np.ndarray:
     fmt = fmt or detect_format(path)
     if fmt in CSV_FORMATS:
         lines, values = read_csv_column(path, column)

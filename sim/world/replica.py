@@ -188,6 +188,11 @@ class Replica(ReplicaFastForward):
                 self.on_done(1)
         self._wake_up()  # a freed seat or blocks may let waiting requests in
 
+    def wake(self) -> None:
+        """Let an idle replica schedule again: blocks were freed from outside its scheduler
+        (a disaggregated fleet's KV hand-off, sim.world.disaggregated)."""
+        self._wake_up()
+
     def _wake_up(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -246,6 +251,8 @@ class Replica(ReplicaFastForward):
             start_s = env.now
             held = scheduler.kv_slots_held  # while the step runs: before finishers free
             duration_s = step_time(plan.shape)
+            if plan.shape.tier_load_s:  # synchronous offload-tier loads (sim.core.offload_tier)
+                duration_s += plan.shape.tier_load_s
             if observer is not None:
                 observer.on_step(start_s, duration_s, plan)
             admitted = 0  # async: queued requests the next plan took (see record_step)

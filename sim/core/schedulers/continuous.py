@@ -132,6 +132,9 @@ class ContinuousScheduler(ContinuousAdmission):
         # them ran, whose outputs it still delivers (vLLM's stale output)
         self._outstanding: deque[StepPlan] = deque()
         self._stale: dict[int, Request] = {}
+        # asynchronous offload-tier loads (sim.core.offload_tier): requests whose blocks are
+        # loading, outside the running set, with the time each load lands
+        self._loading: list[tuple[float, Request]] = []
 
     @property
     def speculative_tokens(self) -> int:
@@ -159,7 +162,7 @@ class ContinuousScheduler(ContinuousAdmission):
     # -- queries -------------------------------------------------------------
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self._loading)
 
     @property
     def num_running(self) -> int:
@@ -175,7 +178,7 @@ class ContinuousScheduler(ContinuousAdmission):
         return self.kv.num_used_blocks * self.kv.block_size
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._loading)
 
     def next_wakeup(self, now: float) -> float | None:
         """Now, after a step that only preempted (vLLM runs an empty step); else at an arrival.
@@ -183,7 +186,9 @@ class ContinuousScheduler(ContinuousAdmission):
         A lone request whose drafts outgrow the pool preempts itself; asked again, it
         is re-admitted and recomputes (emitting a token each time round, as in vLLM).
         """
-        return now if self._preempted_only else None
+        if self._preempted_only:
+            return now
+        return min(ready_s for ready_s, _ in self._loading) if self._loading else None
 
     def close(self, now: float) -> None:
         """No more arrivals: nothing changes, every step already admits what waits."""
@@ -203,7 +208,7 @@ class ContinuousScheduler(ContinuousAdmission):
         if req is None:  # never admitted (waiting), or gone already
             req = next((r for r in self.waiting if r.request_id == request_id), None)
             if req is None:
-                return None
+                return self._abort_loading(request_id, now)
         self._stale.pop(request_id, None)
         if req.state is RequestState.WAITING:
             self.waiting.remove(req)
@@ -303,6 +308,8 @@ class ContinuousScheduler(ContinuousAdmission):
         outstanding, and none without one.
         """
         batch, n = self._batch, len(self.running)
+        if self._loading:  # a tier load lands at a time of its own: step by step
+            return None
         if self._async:
             return self._decode_run_ahead(max_steps) if len(self._outstanding) == 1 else None
         if self._outstanding or self._spec.k or not n or n > self.max_num_batched_tokens \

@@ -53,6 +53,7 @@ class ContinuousAdmission:
     _batch: RunningBatch
     _outstanding: deque[StepPlan]
     _stale: dict[int, Request]
+    _loading: list[tuple[float, Request]]
 
     def _never_fits(self, request: Request) -> str | None:
         reason = self.limits.never_fits(request, self.kv)
@@ -84,6 +85,8 @@ class ContinuousAdmission:
         self.kv_blocked = False
         waiting, running, spec = self.waiting, self.running, self._spec
         slots = spec.draft_slots
+        if self._loading:
+            room = self._admit_loaded(room, step, now)
         if not waiting or room <= slots or len(running) >= self.max_num_seqs:
             return
         kv, batch, k, in_flight = self.kv, self._batch, spec.k, self._in_flight
@@ -140,6 +143,16 @@ class ContinuousAdmission:
                 if hits:  # only from zero computed tokens: the lookup above saw the same
                     req.num_computed_tokens = context = hits
                     counters = (hits, done, counters[2], counters[3])
+                    if naming is not None and naming.offload is not None:
+                        tiers = naming.offload  # blocks loaded back from the offload tiers
+                        tiers.note_hit(now, (hits - naming.loaded_tokens) // kv.block_size)
+                        if tiers.asynchronous and tiers.last_load_s:
+                            # vLLM's async KV load: the request waits outside the running
+                            # set, its blocks held, until the load lands; others go on
+                            waiting.popleft()
+                            self._loading.append((now + tiers.last_load_s, req))
+                            continue
+                        step.tier_load_s += tiers.last_load_s  # sync: the step waits
             if naming is not None:
                 naming.cache_computed(rid, min(computed + new, known))
             waiting.popleft()
@@ -153,6 +166,49 @@ class ContinuousAdmission:
             step.add(new, context, known, done, drafts)
             batch.admitted(req, table, new, counters, context + new - drafts == known)
             room -= new + slots
+
+    def _admit_loaded(self, room: int, step: PlanBuilder, now: float) -> int:
+        """Requests whose tier loads have landed join the running set (before the queue,
+        as vLLM schedules a request whose remote KV arrived); returns the room left."""
+        kv, batch, running, slots = self.kv, self._batch, self.running, self._spec.draft_slots
+        naming = self._paged
+        assert naming is not None  # only a prefix-caching paged pool has tiers
+        still: list[tuple[float, Request]] = []
+        for ready_s, req in self._loading:
+            if ready_s > now or room <= slots or len(running) >= self.max_num_seqs:
+                still.append((ready_s, req))
+                continue
+            rid = req.request_id
+            counters = req.counters()
+            computed, done = counters[0], counters[1]
+            known = req.prompt_tokens + done
+            # the blocks allocated at admission, less the budget left now
+            new = min(known - computed, naming.num_slots(rid) - computed, room - slots)
+            if new < known - computed and not self.chunked_prefill:
+                still.append((ready_s, req))
+                continue
+            naming.cache_computed(rid, computed + new)
+            running.append(req)
+            req.state = RequestState.RUNNING
+            if req.first_scheduled_s is None:
+                req.prefix_hit_tokens = computed
+                req.first_scheduled_s = now
+                self._in_flight[rid] = req
+            step.add(new, computed, known, done, 0)
+            batch.admitted(req, kv.block_table(rid), new, counters, computed + new == known)
+            room -= new + slots
+        self._loading = still
+        return room
+
+    def _abort_loading(self, request_id: int, now: float) -> Request | None:
+        """Drop a request whose tier load is under way (its blocks free at once)."""
+        entry = next((e for e in self._loading if e[1].request_id == request_id), None)
+        if entry is None:
+            return None
+        self._loading.remove(entry)
+        self.kv.free(request_id)
+        entry[1].abort(now)
+        return entry[1]
 
     def _preempt(self, req: Request) -> None:
         """Re-queue `req` at the front; its counters must be exact (the batch syncs them)."""

@@ -1,205 +1,214 @@
-"""Result directories: checked before the work, written beside the target, swapped in whole.
+"""Result directories: checked before the work, locked while it runs, swapped in whole.
 
 A command checks its output directory before it simulates anything (a file in
 the way, no write permission, a name the file system refuses), so a mistake
-costs no work. The run is then written into a fresh hidden directory next to
-the target (`.servesim-XXXXXXXX`), and only a finished run is renamed into
-place: the target holds exactly one run, the old one until the swap and the new
-one after it (no `timeline.csv` of an earlier run left beside new requests). A
-crash, an error or Ctrl-C removes the hidden directory and leaves the old
-result as it was; a `kill -9` can leave the hidden directory, never a half-
-written target. The swap is two renames (old aside, new in); between them the
-target is absent for an instant and the old run sits under `.servesim-old-*`.
-Ctrl-C waits while the hidden directory is made and its clean-up registered,
-and while the two renames run, so neither can be cut in half; a hidden
-directory whose Staging is dropped without a commit (an interrupt before its
-`with` block) is removed when the object goes, or at exit.
+costs no work. It then locks the directory (sim.results.files.dir_lock: a second
+run into it fails at once, naming the first) and checks what the directory holds
+(sim.results.files.manifest): a directory is replaced only when it is empty or
+holds exactly the files its `.servesim-manifest.json` says the same command
+wrote. Anything else, a user's notes.txt or a `compare` result under `run`, is
+refused unless `--force`, and with `--force` the files servesim did not write
+are kept in the new directory. `--out .` in a project folder is refused, not wiped.
 
-Replacing deletes the old directory, so only an empty directory or one holding
-a servesim result (`summary.json`, `compare.csv`, `sweep.csv` or `plan.csv`) is replaced;
-`--out .` in a project folder is refused, not wiped.
+The run is written into a fresh hidden directory next to the target
+(`.servesim-stage-<name>-XXXXXXXX`), and only a finished run is swapped into
+place, in one step where the system can (Linux's renameat2 RENAME_EXCHANGE),
+else by two renames under the lock: the target holds one run, the old one until
+the swap and the new one after it. A crash, an error or Ctrl-C removes the
+hidden directory and the lock file and leaves the old result as it was; a
+`kill -9` can leave a hidden directory (never a half-written target), which the
+next run into the same target removes. Ctrl-C waits while
+the hidden directory is made and its clean-up registered, and while the swap
+and the old run's removal run, so none of them can be cut in half; a Staging
+dropped without a commit (an interrupt before its `with` block) removes its
+directory and lets go of the lock when the object goes, or at exit.
+
+Every command that writes a result directory goes through Staging, the calibrate
+commands included (`calibrate fit` in `adds` mode: it adds fit.json to a table). The
+checks themselves live in sim.results.files.dir_checks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
 import secrets
 import shutil
-import signal
-import threading
+import sys
 import weakref
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
-RESULT_MARKERS = ("summary.json", "compare.csv", "sweep.csv", "plan.csv")
+from sim.results.files.dir_checks import (
+    OutputDirError,
+    check_contents,
+    check_output_dir,
+    short_name,
+    variant_dir,
+)
+from sim.results.files.dir_lock import DirBusy, DirLock
+from sim.results.files.held_signals import signals_held
+from sim.results.files.manifest import entries, keep_others, read_manifest, write_manifest
+from sim.results.files.swap import exchange
+
+__all__ = ["OutputDirError", "Staging", "check_output_dir", "signals_held", "variant_dir"]
+
 STAGE_PREFIX = ".servesim-"
 
 
-@contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait until the block ends (main thread; elsewhere nothing).
-
-    The handlers are swapped for one that only notes the signal, and a noted signal is
-    raised again once the old handlers are back. Blocking the signals with
-    `pthread_sigmask` would not do: it masks the main thread only, so with any other
-    thread alive (a progress bar's monitor, a pool's manager) the kernel hands the
-    signal to that thread and Python raises KeyboardInterrupt in the main thread
-    inside the block anyway.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    noted: list[int] = []
-    kinds = (signal.SIGINT, signal.SIGTERM)
-    old = {kind: signal.getsignal(kind) for kind in kinds}
-    for kind in kinds:
-        if old[kind] is not None:  # None: a handler not set from Python; leave it be
-            signal.signal(kind, lambda signum, _frame: noted.append(signum))
-    try:
-        yield
-    finally:
-        for kind in kinds:
-            if old[kind] is not None:
-                signal.signal(kind, old[kind])
-        for signum in noted:
-            signal.raise_signal(signum)
-
-
-class OutputDirError(Exception):
-    """The output directory cannot take the results: a user mistake, exit code 2."""
-
-
-def variant_dir(name: str, overrides: Sequence[str] = (), suffix: str = "") -> Path:
-    """results/<name><suffix>, plus the `--set` overrides: one directory per variant.
-
-    `servesim run routing.yaml --set router.policy=prefix_aware` goes to
-    results/routing+router.policy=prefix_aware/, so it never replaces the plain
-    run's results/routing/. Long override lists end in a hash to fit a file name.
-    """
-    label = name + suffix
-    if overrides:
-        parts = [f"{key.strip()}={value.strip()}" for key, _, value in
-                 (item.partition("=") for item in overrides)]
-        tail = re.sub(r"[^A-Za-z0-9._=,+-]", "_", "+".join(parts))
-        if len(tail) > 100:
-            digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
-            tail = f"{tail[:80]}-{digest}"
-        label += "+" + tail
-    return Path("results") / label
-
-
-def _name_max(directory: Path) -> int:
-    try:
-        return os.pathconf(directory, "PC_NAME_MAX")
-    except (OSError, ValueError, AttributeError):
-        return 255
-
-
-def check_output_dir(path: Path, field: str, replace: bool = False) -> None:
-    """Raise OutputDirError unless `path` can become a directory of results; creates nothing.
-
-    `field` names the setting the path came from (`--out`, `output.dir`, ...).
-    `replace`: the directory will be replaced whole, so it must hold a result or nothing.
-    """
-    shown = f"{field} {str(path)!r}"
-    target = Path(os.path.abspath(path))
-    if len(os.fsencode(str(target))) >= 4096:
-        raise OutputDirError(f"{shown}: the path is longer than the 4096 bytes a path may have")
-    existing = target
-    while not os.path.lexists(existing):
-        existing = existing.parent
-    limit = _name_max(existing if existing.is_dir() else existing.parent)
-    for part in target.parts:
-        if len(os.fsencode(part)) > limit:
-            raise OutputDirError(f"{shown}: the name {part[:20]!r}... is {len(os.fsencode(part))} "
-                                 f"bytes long; this file system allows at most {limit}")
-    if existing != target and not existing.is_dir():
-        raise OutputDirError(f"{shown}: {str(existing)!r} is a file, so no directory can be "
-                             "made inside it")
-    if existing == target:
-        if not target.is_dir():
-            raise OutputDirError(f"{shown}: is a file, not a directory; give a directory")
-        if not os.access(target, os.W_OK | os.X_OK):
-            raise OutputDirError(f"{shown}: the directory is not writable")
-        if replace and not is_replaceable(target):
-            raise OutputDirError(f"{shown}: holds files that are not a servesim result (no "
-                                 f"{', '.join(RESULT_MARKERS)}); give a new or empty directory")
-        existing = target.parent
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise OutputDirError(f"{shown}: {str(existing)!r} is not writable")
-
-
-def is_replaceable(directory: Path) -> bool:
-    """Empty, or holding a servesim result that a new run may replace."""
-    names = set(os.listdir(directory))
-    return not names or any(marker in names for marker in RESULT_MARKERS)
+def _tag(target: Path) -> str:
+    name = target.name
+    return name if len(os.fsencode(name)) <= 150 else hashlib.sha256(
+        os.fsencode(name)).hexdigest()[:32]
 
 
 class Staging:
     """A hidden directory beside `target` to write a run into; `commit` swaps it in.
 
-    Use as a context manager: leaving the block without `commit` (an error, a
-    return, Ctrl-C) removes the hidden directory and any parent it created.
+    Holds the target's lock from creation to commit or abort. `command` names what writes
+    (the manifest records it; a result of another command is not replaced without
+    `force`). Use as a context manager: leaving the block without `commit` (an error, a
+    return, Ctrl-C) removes the hidden directory, the lock file and any parent it created.
+
+    `adds`: the command adds its named files to whatever the directory holds (`calibrate
+    fit` writes fit.json beside a table's measurements) instead of replacing a result. Then
+    nothing is refused and nothing of the old directory is deleted: every old file the new
+    files do not replace by name is kept, and the manifest keeps the directory's command
+    and lists the old manifest's files plus the new ones.
     """
 
-    def __init__(self, target: Path, field: str) -> None:
-        check_output_dir(target, field, replace=True)
+    def __init__(self, target: Path, field: str, command: str = "run",
+                 force: bool = False, adds: bool = False) -> None:
+        check_output_dir(target, field)
         self.target = Path(os.path.realpath(target))  # a symlinked results/ keeps its link
-        self.field = field
+        self.field, self.command, self.force, self.adds = field, command, force, adds
+        self.kept: list[str] = []
+        self.committed = False
         self._created: list[Path] = []
+        self._lock: DirLock | None = None
+        self.shown = shown = f"{field} {str(target)!r}"  # as the user gave it
         try:
-            missing = [p for p in [self.target.parent, *self.target.parent.parents]
-                       if not p.exists()]
-            for parent in reversed(missing):
-                parent.mkdir()
-                self._created.append(parent)
-            path = self._fresh(STAGE_PREFIX)
+            self._lock_target()
+            self._clear_leftovers()
+            check_contents(self.target, shown, command, force or adds)
+            path = self._fresh("stage")
             with signals_held():
                 os.mkdir(path)
                 self.path = path
                 self._cleanup = weakref.finalize(self, shutil.rmtree, path, True)
+        except DirBusy as busy:
+            self.abort()
+            raise OutputDirError(_busy(shown, busy)) from None
+        except OutputDirError:
+            self.abort()
+            raise
         except OSError as err:
             self.abort()
-            raise OutputDirError(f"{field} {str(target)!r}: cannot create it: "
-                                 f"{err.strerror or err}") from None
+            raise OutputDirError(f"{shown}: cannot create it: {err.strerror or err}") from None
         except BaseException:  # Ctrl-C, delivered as the signals are let through again
             self.abort()
             raise
-        self.committed = False
 
-    def _fresh(self, prefix: str) -> Path:
-        return self.target.parent / f"{prefix}{secrets.token_hex(4)}"
+    def _lock_target(self) -> None:
+        with signals_held():
+            self._lock = _lock_with_parents(self.target, self._created)
+            self._unlock = weakref.finalize(self, self._lock.release)
+
+    def _fresh(self, kind: str) -> Path:
+        """`.servesim-<kind>-<target name>-<8 hex>` beside the target (the name hashed when
+        long), so a later run into the same target can tell its leftovers."""
+        return self.target.parent / f"{STAGE_PREFIX}{kind}-{_tag(self.target)}-" \
+                                    f"{secrets.token_hex(4)}"
+
+    def _clear_leftovers(self) -> None:
+        """Remove what a killed run into this target left (we hold the lock, so no live run
+        owns any): its hidden directory, or, if it died between the two renames of a swap,
+        put the old run it had moved aside back in place."""
+        mine = re.compile(rf"{re.escape(STAGE_PREFIX)}(stage|old)-{re.escape(_tag(self.target))}"
+                          r"-[0-9a-f]{8}")
+        with os.scandir(self.target.parent) as listing:
+            found = sorted((e.name, e.path) for e in listing if mine.fullmatch(e.name))
+        for name, path in found:
+            if name.startswith(f"{STAGE_PREFIX}old-") and not os.path.lexists(self.target):
+                os.rename(path, self.target)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
 
     def commit(self) -> Path:
-        """Put the written run in place of the target (the old run, if any, is deleted)."""
-        aside = None
+        """Put the written run in place of the target, keeping the files servesim did not
+        write there; servesim's files of the old run are deleted (in `adds` mode every old
+        file the new ones do not replace is kept)."""
+        try:
+            self._list_and_keep()
+        except OSError as err:
+            raise OutputDirError(f"{self.shown}: cannot finish the new "
+                                 f"result ({short_name(str(err.filename))}: {err.strerror or err});"
+                                 " the old result is untouched") from None
         with signals_held():
-            if os.path.lexists(self.target):
-                aside = self._fresh(STAGE_PREFIX + "old-")
-                os.rename(self.target, aside)
-            os.rename(self.path, self.target)
+            try:
+                old = self._swap()
+            except OSError as err:
+                raise OutputDirError(f"{self.shown}: cannot put the new result in place: "
+                                     f"{err.strerror or err}; the old result is untouched"
+                                     ) from None
             self.committed = True
             self._cleanup.detach()
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+            self._release()
+        if self.kept:
+            more = f" and {len(self.kept) - 1} more" if len(self.kept) > 1 else ""
+            print(f"note: {self.shown}: kept {short_name(self.kept[0])!r}"
+                  f"{more}, which servesim did not write", file=sys.stderr)
         return self.target
 
+    def _list_and_keep(self) -> None:
+        """Write the manifest and bring in the old directory's files to keep."""
+        old_dir = os.path.isdir(self.target) and not os.path.islink(self.target)
+        old = read_manifest(self.target) if old_dir else None
+        if not self.adds:
+            write_manifest(self.path, self.command)
+            if old_dir:
+                self.kept = keep_others(self.target, self.path, old)
+            return
+        written = {rel for rel, is_dir in entries(self.path) if not is_dir}
+        if old_dir:
+            keep_others(self.target, self.path, None)  # all of it: nothing is replaced whole
+        write_manifest(self.path, old.command if old else self.command,
+                       written | (old.files if old else frozenset()))
+
+    def _swap(self) -> Path | None:
+        """The written run in at the target; returns where the old run now lies (or None)."""
+        if not os.path.lexists(self.target):
+            os.rename(self.path, self.target)
+            return None
+        if exchange(self.path, self.target):
+            return self.path
+        aside = self._fresh("old")
+        os.rename(self.target, aside)
+        try:
+            os.rename(self.path, self.target)
+        except OSError:
+            os.rename(aside, self.target)
+            raise
+        return aside
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._unlock.detach()
+            self._lock = None
+
     def abort(self) -> None:
-        """Remove what was written and the parents made for it; the target is untouched."""
+        """Remove what was written, the lock and the parents made for it; the target is
+        untouched."""
         if hasattr(self, "path"):
             shutil.rmtree(self.path, ignore_errors=True)
             if hasattr(self, "_cleanup"):
                 self._cleanup.detach()
-        for parent in reversed(self._created):
-            try:
-                parent.rmdir()
-            except OSError:
-                break
-        self._created = []
+        self._release()
+        _remove_parents(self._created)
 
     def __enter__(self) -> Staging:
         return self
@@ -208,3 +217,36 @@ class Staging:
                  trace: TracebackType | None) -> None:
         if not self.committed:
             self.abort()
+
+
+def _lock_with_parents(target: Path, created: list[Path]) -> DirLock:
+    """Make the missing parents (noted in `created`) and take the lock; a parent another run
+    removes as it gives up between the two is made again."""
+    for attempt in range(3):
+        for parent in reversed([p for p in [target.parent, *target.parent.parents]
+                                if not p.exists()]):
+            try:
+                parent.mkdir()
+                created.append(parent)
+            except FileExistsError:
+                pass  # another run made it a moment ago
+        try:
+            return DirLock(target)
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _remove_parents(created: list[Path]) -> None:
+    for parent in reversed(created):
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+    created.clear()
+
+
+def _busy(shown: str, busy: DirBusy) -> str:
+    return (f"{shown}: in use by another servesim run ({busy}); wait for it to finish, or "
+            "choose another directory")

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from sim.results.files.report_kv import kv_move_lines
+
 
 def jsonable(value: Any) -> Any:
     """Plain JSON values: NaN/inf -> None, numpy scalars -> Python numbers."""
@@ -82,7 +84,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines += [row("Slot utilisation:", "slot_utilization"),
                   row("KV waste (share of pool):", "kv_waste_fraction"),
                   row("KV waste (share of held):", "kv_waste_of_held")]
+    lines += _prediction_lines(summary.get("prediction_interval") or {}, width)
     lines += _replica_lines(summary.get("replicas") or (), width)
+    lines += kv_move_lines(summary, width)
     lines.append("=" * width)
     if "window" in summary:
         lines.append(window_line(summary))
@@ -98,11 +102,38 @@ def window_line(summary: dict[str, Any]) -> str:
             and w.get("offered_rate") is not None else "")
     reps = summary.get("ci95", {}).get("replications")
     rate += f" (interval over {reps} replications)" if reps else ""
+    if rate and w.get("rates_end_s") is not None:  # it fell behind: the whole run's rates
+        rate += (f" (achieved over {w['rates_start_s']:.1f}-{w['rates_end_s']:.1f} s, the "
+                 "whole run: it fell behind)")
     verdict = "sustained" if summary.get("sustained") else "NOT sustained (figures transient)"
     start, end = w.get("start_s"), w.get("end_s")
     span = f"{start:.1f}-{end:.1f} s" if start is not None and end is not None else "n/a"
     return (f"Window {span}: {w['requests']} requests, cut {w['excluded_start']} warm-up and "
             f"{w['excluded_end']} at the end (MSER){rate}; {verdict}")
+
+
+# the SLO metrics whose prediction interval the terminal block prints
+PREDICTED_ROWS = (("Median TTFT (ms):", "median_ttft_ms"), ("P99 TTFT (ms):", "p99_ttft_ms"),
+                  ("Mean TPOT (ms):", "mean_tpot_ms"), ("P99 TPOT (ms):", "p99_tpot_ms"),
+                  ("Median E2EL (ms):", "median_e2el_ms"), ("P99 E2EL (ms):", "p99_e2el_ms"))
+
+
+def _prediction_lines(block: dict[str, Any], width: int) -> list[str]:
+    """A real server's SLO figures, noise and model error combined (docs/uncertainty.md);
+    outside the validated domain, why there is none."""
+    if not block:
+        return []
+    level = f"{100 * block.get('level', 0.95):.0f}%"
+    lines = [f"{' Real server, ' + level + ' prediction interval ':-^{width}}"]
+    if not block.get("validated"):
+        reasons = "; ".join(block.get("reasons") or [])
+        return [*lines, f"not validated: {reasons}"]
+    for label, key in PREDICTED_ROWS:
+        entry = block.get(key) or {}
+        lo, hi = entry.get("lo"), entry.get("hi")
+        text = "n/a" if lo is None or hi is None else f"[{lo:.1f}, {hi:.1f}]"
+        lines.append(f"{label:<28}{text:>22}")
+    return lines
 
 
 def _replica_lines(rows: Any, width: int) -> list[str]:

@@ -36,3 +36,5 @@ class RunResult:
     wall_s: float
     replica_recorders: tuple[RunRecorder, ...] = ()
     timeline: pd.DataFrame | None = None  # segments of the traced requests (sim.observe)
+    # a disaggregated fleet's pools, (name, recorder of the pool's steps): timeseries_<name>.csv
+    pool_recorders: tuple[tuple[str, RunRecorder], ...] = ()

@@ -105,27 +105,12 @@ def window_intervals(batches: BatchSeries, where: BatchWindow, itl: ITLSlices | 
                      num_batches: int = NUM_BATCHES) -> dict[str, Interval]:
     """Every headline metric over the window, with its batch-means interval: the window's
     time batches in `k` contiguous groups, each group's sketches merged."""
-    out: dict[str, Interval] = {}
     window = where.window
     rows = batches.rows[where.lo: where.hi]
     k = min(_num_batches(window.kept, num_batches), len(rows))
     groups = [[rows[i] for i in ix] for ix in np.array_split(np.arange(len(rows)), k)]
-    w = batches.width_s
-    edges = [where.lo + int(ix[0]) for ix in np.array_split(np.arange(len(rows)), k)]
-    starts = [max(e * w, window.start_s) for e in edges]
-    ends = [*starts[1:], window.end_s]
-    durations = np.array(ends) - np.array(starts)
-
-    def rate_of(field: str) -> Interval:
-        counts = np.array([sum(getattr(b, field) for b in g) for g in groups], np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            per = np.where(durations > 0, counts / durations, math.nan)
-        dur = window.duration_s
-        return spread_interval(per, centre=counts.sum() / dur if dur > 0 else math.nan)
-
-    out["request_throughput"] = rate_of("done_here")
+    out = _rates(rows, where.lo, window.start_s, window.end_s, batches, k)
     if batches.with_slo:
-        out["request_goodput"] = rate_of("good_here")
         good = np.array([sum(b.good for b in g) for g in groups], dtype=np.float64)
         arrived = np.array([sum(b.arrived for b in g) for g in groups], dtype=np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -138,7 +123,8 @@ def window_intervals(batches: BatchSeries, where: BatchWindow, itl: ITLSlices | 
         whole = _latency_stats(_whole(parts, rows, metric))
         per = np.array([_latency_stats(part) for part in parts])
         for j, (stat, _) in enumerate(LATENCY_STATS):
-            out[f"{stat}_{metric}_ms"] = spread_interval(per[:, j], centre=whole[j])
+            out[f"{stat}_{metric}_ms"] = spread_interval(per[:, j], centre=whole[j]
+                                                         ).clipped(0.0, math.inf)
     qs = [q if q is not None else 50.0 for _, q in LATENCY_STATS[1:]]
     slices = itl.inside(window.start_s, window.end_s) if itl is not None else []
     whole_itl = (itl.stats(slices, qs) * 1e3 if slices
@@ -147,8 +133,56 @@ def window_intervals(batches: BatchSeries, where: BatchWindow, itl: ITLSlices | 
                          for ix in _groups(len(slices), min(k, len(slices)))])
                if len(slices) >= 2 else np.full((1, len(LATENCY_STATS)), math.nan))
     for j, (stat, _) in enumerate(LATENCY_STATS):
-        out[f"{stat}_itl_ms"] = spread_interval(per_itl[:, j], centre=float(whole_itl[j]))
+        out[f"{stat}_itl_ms"] = spread_interval(per_itl[:, j], centre=float(whole_itl[j])
+                                                ).clipped(0.0, math.inf)
     return out
+
+
+def _rates(rows: Sequence[Batch], lo: int, start_s: float, end_s: float,
+           batches: BatchSeries, k: int) -> dict[str, Interval]:
+    """Throughput (and goodput, with an SLO) over [start_s, end_s]: the finishes in `rows`
+    (batches `lo`... of `batches`) over the span, with batch means over `k` contiguous
+    groups. Both rates count the same finishes over the same span, so goodput <= throughput,
+    and an interval is cut at 0 (a rate is never negative, as a share never leaves [0, 1])."""
+    index = np.array_split(np.arange(len(rows)), k)
+    groups = [[rows[i] for i in ix] for ix in index]
+    starts = [max((lo + int(ix[0])) * batches.width_s, start_s) for ix in index]
+    durations = np.array([*starts[1:], end_s]) - np.array(starts)
+    span_s = end_s - start_s
+
+    def rate_of(field: str) -> Interval:
+        counts = np.array([sum(getattr(b, field) for b in g) for g in groups], np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per = np.where(durations > 0, counts / durations, math.nan)
+        return spread_interval(per, centre=counts.sum() / span_s if span_s > 0 else math.nan
+                               ).clipped(0.0, math.inf)
+
+    out = {"request_throughput": rate_of("done_here")}
+    if batches.with_slo:
+        out["request_goodput"] = rate_of("good_here")
+    return out
+
+
+def backlog_rates(batches: BatchSeries, num_batches: int = NUM_BATCHES
+                  ) -> tuple[dict[str, Interval], float] | None:
+    """An overloaded run's rates over the whole run, first arrival to last finish, and
+    that end; None when nothing finished.
+
+    Such a run has no steady state for a window to find, and the window ends at the last
+    arrival while the server goes on working off its backlog: a batch server whose batches
+    outlast the arrivals finishes only a batch or two inside it (static batching at
+    32 req/s: about 1 req/s there, against the 3 req/s it serves). From the window's start
+    to the last finish would count the drain's burst of finishes without the fill's lull
+    (continuous batching: 26 req/s against 20); the whole run keeps both, as the
+    whole-run rate in the table does, now with its interval."""
+    done = [i for i, b in enumerate(batches.rows) if b.done_here]
+    if not done or not math.isfinite(batches.first_arrival_s):
+        return None
+    lo = int(batches.first_arrival_s / batches.width_s)
+    rows = batches.rows[lo: done[-1] + 1]
+    end_s = (done[-1] + 1) * batches.width_s
+    k = min(_num_batches(sum(b.done_here for b in rows), num_batches), len(rows))
+    return _rates(rows, lo, batches.first_arrival_s, end_s, batches, k), end_s
 
 
 def _whole(parts: Sequence[Latency], rows: Sequence[Batch], metric: str) -> Latency:
@@ -199,9 +233,17 @@ def steady_summary(batches: BatchSeries, itl: ITLSlices | None,
     offered = (window.kept - 1) / window.duration_s
     intervals = window_intervals(batches, where, itl, num_batches)
     p_trend = upward_trend(batches, where, num_batches)
-    return {"window": _window_dict(window, offered),
+    achieved_hi = intervals["request_throughput"].hi
+    out = {"window": _window_dict(window, offered)}
+    backlog = backlog_rates(batches, num_batches) if achieved_hi < KEEP_UP * offered \
+        else None
+    if backlog is not None:  # it did not keep up: its rates are the whole run's
+        intervals.update(backlog[0])
+        out["window"]["rates_start_s"] = batches.first_arrival_s
+        out["window"]["rates_end_s"] = backlog[1]
+    return {**out,
             "ci95": {"method": "batch means", **{k: v.as_dict() for k, v in intervals.items()}},
-            **sustained_block(intervals["request_throughput"].hi, offered, [p_trend])}
+            **sustained_block(achieved_hi, offered, [p_trend])}
 
 
 def _window_dict(window: Window, offered: float) -> dict[str, Any]:

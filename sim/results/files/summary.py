@@ -17,6 +17,8 @@ from sim.config.frontend import Frontend
 from sim.config.scenario import Scenario
 from sim.core.kv import KVBudget, KVManager
 from sim.core.schedulers import Scheduler
+from sim.results.files.offload import offload_summary
+from sim.results.files.predicted import prediction_fields
 from sim.results.files.steady import steady_summary
 from sim.results.record.recorder import RunRecorder
 from sim.results.stats.slo import SLO
@@ -84,10 +86,15 @@ def summarize(scenario: Scenario, budget: KVBudget, recorder: RunRecorder,
         prefix_caching=scenario.kv.prefix_caching,
         cache_evictions=sum(s.kv.num_evictions for s in setups),
         recomputed_tokens=sum(s.scheduler.num_recomputed_tokens for s in setups),
-        kv_bytes_per_token=budget.kv_bytes_per_token * scenario.hardware.count)
+        kv_bytes_per_token=budget.kv_bytes_per_token * scenario.hardware.tensor_parallel)
     summary["scheduler_policy"] = scenario.scheduler.policy  # `servesim explain` words by it
     if scenario.speculative.num_tokens:
         summary["speculative_tokens"] = scenario.speculative.num_tokens
+    tiers = [s.kv.offload for s in setups if getattr(s.kv, "offload", None) is not None]
+    if tiers:  # the prefix cache's offload tiers (kv.offload_host_gib, kv.offload_disk_gib)
+        summary["kv_offload"] = offload_summary(
+            tiers, budget.kv_bytes_per_token * scenario.kv.block_size,
+            scenario.hardware.tensor_parallel, scenario.kv.offload_load)
     return summary
 
 
@@ -140,6 +147,7 @@ def run_summary(scenario: Scenario, budget: KVBudget, recorder: RunRecorder,
     summary.update(steady_summary(recorder.request_batches(scenario_slo(scenario)).series(),
                                   recorder.itl_slices))
     summary.update(engine_fields(summary, frontend))
+    summary.update(prediction_fields(scenario, summary, latency_name))  # noise + model error
     summary["latency_model"] = latency_name
     summary["simulation_wall_s"] = wall_s
     return summary
