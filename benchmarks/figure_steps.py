@@ -248,6 +248,109 @@ def notebooks(ctx: Context) -> str:
     return "Executed in place with nbclient:\n\n" + "\n".join(rows) + "\n"
 
 
+# The doc pages that quote a step's output: each fenced block there that starts with
+# `$ COMMAND` is rewritten from the step's section once all its commands have run (quote),
+# as the README's quoted runs are; tests/test_regenerate.py holds each page to its step's
+# section of docs/figures.md. (step, page, command line as shown)
+MOE_PAGE, UNCERTAINTY_PAGE = "docs/moe_dp_ep.md", "docs/uncertainty.md"
+MOE_CAPACITY = ("capacity", "--config", "builtin:deepseek-v3", "--gpu", "h200", "--gpus", "8",
+                "--ep", "8", "--dp", "8")
+MOE_PLAN = ("plan", "scenarios/moe_dp_ep_plan.yaml", "--rate", "16", "--gpu", "h200", "--tp",
+            "8", "--requests", "4000")
+UNCERTAINTY_PLAN = ("plan", "scenarios/quickstart.yaml", "--rate", "40", "--gpu", "h100-sxm",
+                    "--tp", "1", "--slo", "tpot:14", "--requests", "1000", "--confidence",
+                    "0.95")
+MODEL_ERROR_WORK = "results/model_error"  # how --work's model_error directory is shown
+MODEL_ERROR = ("-m", "calibrate.model_error", "--record", f"{MODEL_ERROR_WORK}/model_error.json",
+               "--description", f"{MODEL_ERROR_WORK}/model_error_law.json")
+PAGE_QUOTES = (
+    ("moe_dp_ep", MOE_PAGE, "servesim " + " ".join(MOE_CAPACITY)),
+    ("moe_dp_ep_plan", MOE_PAGE, "servesim " + " ".join(MOE_PLAN)),
+    ("uncertainty", UNCERTAINTY_PAGE, "python " + " ".join(MODEL_ERROR)),
+    ("uncertainty", UNCERTAINTY_PAGE, "servesim " + " ".join(UNCERTAINTY_PLAN)),
+    ("uncertainty", UNCERTAINTY_PAGE, "servesim compare spec.yaml"),
+    ("uncertainty", UNCERTAINTY_PAGE, "servesim compare spec.yaml --confidence 0.95"),
+)
+
+
+def quote(step: str, body: str) -> str:
+    """`body`, a step's section, after copying each of its runs that a page quotes into that
+    page: called last, so a step that fails leaves its pages as they were."""
+    for name, page, command_line in PAGE_QUOTES:
+        head = f"$ {command_line}\n"
+        if name == step and head in body:
+            start = body.index(head) + len(head)
+            refresh_readme(REPO / page, command_line, body[start:body.index("```", start)])
+    return body
+
+
+def moe_dp_ep(ctx: Context) -> str:
+    """DP+EP against TP for two MoE models (the compare), and the capacity sheet whose
+    per-GPU terms docs/moe_dp_ep.md explains."""
+    body = run_and_show(*MOE_CAPACITY) + "\n" + compare("scenarios/moe_dp_ep.yaml", {})(ctx)
+    return quote("moe_dp_ep", body)
+
+
+def plan_run(ctx: Context, args: tuple[str, ...], name: str) -> str:
+    """A `servesim plan` answer from a fresh cache (a cached fleet could be a former code's),
+    its output directory shown as the default one."""
+    work = ctx.work / name
+    shutil.rmtree(work, ignore_errors=True)
+    out = work / "out"
+    text = servesim(*args, "--out", str(out)).rstrip("\n")
+    return shown(args, text.replace(str(out), f"results/plan_{Path(args[1]).stem}"))
+
+
+def moe_dp_ep_plan(ctx: Context) -> str:
+    return quote("moe_dp_ep_plan", plan_run(ctx, MOE_PLAN, "plan_moe_dp_ep_plan"))
+
+
+def model_error(ctx: Context) -> str:
+    """The coverage check of the model-error law, recomputed from the real runs into --work:
+    the shipped law (sim/results/stats/data/model_error.json) is left as it is, since
+    refreshing it is the calibration's own command; the section says whether the residuals
+    still equal the committed record's. Skipped, saying why, without the third-party runs."""
+    from calibrate.real_runs import DEFAULT_DIR, MISSING, RUNS_FILE
+
+    if not (DEFAULT_DIR / RUNS_FILE).is_file():
+        return f"Coverage check not regenerated here: {MISSING}.\n"
+    out = fresh(ctx.work / "model_error")
+    out.mkdir(parents=True)
+    ran = [a.replace(MODEL_ERROR_WORK, str(out)) for a in MODEL_ERROR]
+    text = command([sys.executable, *ran]).replace(str(out), MODEL_ERROR_WORK).rstrip("\n")
+    shown_cmd = "python " + " ".join(MODEL_ERROR)
+    residuals = json.loads((out / "model_error.json").read_text())["residuals"]
+    committed = json.loads((REPO / "calibrate" / "model_error.json").read_text())["residuals"]
+    same = ("the same residuals as the committed calibrate/model_error.json"
+            if residuals == committed else "residuals that DIFFER from the committed "
+            "calibrate/model_error.json (refresh it with `python -m calibrate.model_error`)")
+    return f"```\n$ {shown_cmd}\n{text}\n```\n\nThis run gives {same}.\n"
+
+
+def slo_search(ctx: Context, *flags: str) -> str:
+    """`servesim compare spec.yaml FLAGS` on benchmarks/identity.py's compare spec: the SLO
+    search's lines of what it prints (the page quotes those)."""
+    from identity import COMPARE_SPEC
+
+    work = fresh(ctx.work / f"slo_search{''.join(flags)}")
+    work.mkdir(parents=True)
+    (work / "spec.yaml").write_text(COMPARE_SPEC)
+    printed = servesim("compare", str(work / "spec.yaml"), *flags, "--out", str(work / "out"))
+    lines = printed.split("Highest sustained rate meeting the SLOs:\n", 1)[1].splitlines()
+    text = "\n".join(line for line in lines if not re.match(r"\d+ runs \(", line))
+    return shown(("compare", "spec.yaml", *flags), text)
+
+
+def uncertainty(ctx: Context) -> str:
+    """docs/uncertainty.md's runs: the coverage check, a plan at 95% confidence, and the
+    compare's SLO search without and with it."""
+    return quote("uncertainty", "\n".join((
+        model_error(ctx), plan_run(ctx, UNCERTAINTY_PLAN, "plan_quickstart_confidence"),
+        "The SLO search's lines of `servesim compare` on benchmarks/identity.py's compare "
+        "spec, saved as `spec.yaml`:\n", slo_search(ctx),
+        slo_search(ctx, "--confidence", "0.95"))))
+
+
 BATCHING_PNG = {"throughput.png": "docs/batching_throughput.png",
                 "latency_vs_throughput.png": "docs/batching_latency.png",
                 "pareto.png": "docs/batching_pareto.png", "waste.png": "docs/batching_waste.png"}
@@ -298,5 +401,15 @@ STEPS = (
          ("benchmarks/results/bench_engine.json",), bench_engine),
     Step("serve", "servesim load and vllm bench serve against servesim serve", "3 min",
          ("benchmarks/results/serve/README.md", "docs/serve_latency_cdf.png"), serve),
+    Step("disaggregation", "co-located vs prefill/decode pools at 4 H100s, and over P:D "
+         "ratios and links", "4 min", (), compare("scenarios/disaggregation.yaml", {})),
+    Step("kv_offload", "the prefix cache's host and disk offload tiers on multi-turn chat",
+         "2.5 min", (), compare("scenarios/kv_offload.yaml", {})),
+    Step("moe_dp_ep", "MoE DP attention + EP against TP (Qwen3-30B-A3B, DeepSeek-V3)", "2 min",
+         (MOE_PAGE,), moe_dp_ep),
+    Step("moe_dp_ep_plan", "the cheapest DeepSeek-V3 layout on H200s at 16 req/s (servesim "
+         "plan)", "15 s", (MOE_PAGE,), moe_dp_ep_plan),
+    Step("uncertainty", "the model error's coverage check, and a plan at 95% confidence",
+         "2 min", (UNCERTAINTY_PAGE,), uncertainty),
     Step("notebooks", "every notebook executed in place", "1 min", NOTEBOOKS, notebooks),
 )

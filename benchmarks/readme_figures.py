@@ -368,10 +368,25 @@ def serve(s: Sections) -> str:
             "predicts)")
 
 
+def held_out(s: Sections) -> str:
+    """The introduction's error against real servers: calibrate.model_error's held-out
+    medians (each model predicted with terms fitted on the other three)."""
+    text = s.get("uncertainty")
+    if text is None:
+        raise FiguresMissing("docs/figures.md has no uncertainty section")
+    line = re.search(r"held out, median absolute error over \d+ steady stages: (.*)", text)
+    if line is None:
+        raise FiguresMissing("calibrate.model_error's held-out line moved")
+    pct = dict(re.findall(r"(\w+) ([\d.]+%)", line.group(1)))
+    return (f"median errors of {pct['tpot']} on TPOT, {pct['e2e_mean']} on end-to-end latency "
+            f"and\n{pct['ttft_p50']} on TTFT p50 for models held out of the fit")
+
+
 BLOCKS: Mapping[str, Callable[[Sections], str]] = {
     "batching": batching_table, "batching_why": batching_why,
     "prefix_caching": prefix_caching, "routing": routing, "speculative": speculative,
     "long_context": long_context, "engine_replay": engine_replay, "serve": serve,
+    "held_out": held_out,
 }
 
 

@@ -9,7 +9,9 @@ A step runs the same command a reader would (`servesim ...`, a benchmark
 script, a notebook), copies its pictures into docs/ and writes its numbers to
 docs/figures.md, which the README cites: after each step the README's quoted
 runs and its `<!-- figures: NAME -->` blocks are rewritten from that file
-(benchmarks/readme_figures.py), and tests/test_readme_claims.py holds them to it.
+(benchmarks/readme_figures.py), and tests/test_readme_claims.py holds them to it;
+the doc pages' quoted runs are rewritten by their steps the same way
+(figure_steps.PAGE_QUOTES, held to docs/figures.md by tests/test_regenerate.py).
 Each step owns one section of that file, headed by the machine, commit and date
 that produced it, so a step run alone replaces its own section and leaves the
 others as they were. Scratch

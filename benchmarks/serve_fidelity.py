@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -211,13 +212,16 @@ def main() -> int:
              f"{' / '.join(f'{v:.2f}' for v in os.getloadavg())}")
     for part in args.parts:
         out = args.out / part
+        if part == "vllm-bench" and not args.vllm_python.exists():
+            print(f"vllm-bench skipped: no {args.vllm_python} (--vllm-python)")
+            continue
+        # a part rewrites its own folder whole: its old run (written before result
+        # directories had manifests, or by a failed run) never mixes into the new one
+        shutil.rmtree(out, ignore_errors=True)
         if part == "simulated":
             lines = part_simulated(out)
         elif part == "engine":
             lines = part_engine(out)
-        elif not args.vllm_python.exists():
-            print(f"vllm-bench skipped: no {args.vllm_python} (--vllm-python)")
-            continue
         else:
             lines = part_vllm_bench(out, args.vllm_python)
         lines[1:1] = ["", f"({stamp})"]

@@ -82,3 +82,52 @@ def test_a_step_run_alone_replaces_only_its_own_section(tmp_path: Path,
     assert (ROOT / "README.md").stat().st_mtime_ns == before  # only the copy was refreshed
     refreshed = readme.read_text()
     assert "stale sheet" not in refreshed and "roofline step" in refreshed
+
+
+figure_steps = sys.modules["figure_steps"]  # loaded by regenerate, from benchmarks/
+
+
+def fenced_after(text: str, command: str) -> str:
+    """The output of the fenced block that starts with `$ command`."""
+    head = f"```\n$ {command}\n"
+    assert head in text, f"no fenced block starts with `$ {command}`"
+    start = text.index(head) + len(head)
+    return text[start:text.index("```", start)]
+
+
+@pytest.mark.parametrize("quote", figure_steps.PAGE_QUOTES, ids=lambda q: q[2][:40])
+def test_each_quoted_run_has_its_block_and_its_step(quote: tuple[str, str, str]) -> None:
+    step, page, command = quote
+    fenced_after((ROOT / page).read_text(), command)  # the step's refresh finds its block
+    owner = {s.name: s for s in regenerate.STEPS}[step]
+    assert page in owner.publishes  # so provenance excludes it and --list names it
+
+
+@pytest.mark.parametrize("quote", figure_steps.PAGE_QUOTES, ids=lambda q: q[2][:40])
+def test_doc_pages_quote_docs_figures(quote: tuple[str, str, str]) -> None:
+    step, page, command = quote
+    sections = regenerate.read_sections((ROOT / "docs" / "figures.md").read_text())
+    if step not in sections:
+        pytest.skip(f"docs/figures.md has no {step} section yet (regenerate --only {step})")
+    if f"$ {command}\n" not in sections[step]:
+        pytest.skip(f"the {step} section skipped `{command[:40]}` (its data are absent)")
+    assert fenced_after((ROOT / page).read_text(), command) == fenced_after(sections[step],
+                                                                          command)
+
+
+def test_quote_copies_a_sections_run_into_its_page_only(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    step, page, command = figure_steps.PAGE_QUOTES[-1]
+    original = (ROOT / page).read_text()
+    (tmp_path / page).parent.mkdir(parents=True)
+    (tmp_path / page).write_text(original)
+    monkeypatch.setattr(figure_steps, "REPO", tmp_path)
+    body = f"intro\n\n```\n$ {command}\nfresh output\n```\n"
+    assert figure_steps.quote(step, body) == body
+    quoted = (tmp_path / page).read_text()
+    assert fenced_after(quoted, command) == "fresh output\n"
+    for _, other_page, other in figure_steps.PAGE_QUOTES:  # blocks the body lacks: kept
+        if other_page == page and other != command:
+            assert fenced_after(quoted, other) == fenced_after(original, other)
+    assert figure_steps.quote("capacity", body.replace("fresh", "stale")) and \
+        fenced_after((tmp_path / page).read_text(), command) == "fresh output\n"  # not its step
