@@ -288,7 +288,7 @@ def test_a_second_run_into_a_locked_directory_fails_at_once_naming_the_first(
     target = tmp_path / "run"
     with Staging(target, "--out") as first:
         with pytest.raises(OutputDirError, match=rf"^--out '.*run': in use by another servesim "
-                                                 rf"run \(pid {os.getpid()}, `servesim .*`, "
+                                                 rf"run \(pid {os.getpid()}, `servesim[^`]*`, "
                                                  r"started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)"):
             Staging(target, "--out")
         write_run(first.path, **{"summary.json": "first"})
