@@ -7,7 +7,7 @@ how a step's duration is found differs (predicted there, measured on the engine)
 
 from __future__ import annotations
 
-from functools import partial
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -18,6 +18,7 @@ from sim.config.costs import (
     state_reserve_bytes,
     weights_bytes,
 )
+from sim.config.link import Link
 from sim.config.scenario import Scenario
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.kv import KVBudget, KVManager, PagedBlockManager
@@ -25,14 +26,14 @@ from sim.core.schedulers import Scheduler, SchedulerSettings, resolve_async_sche
 from sim.core.schedulers import build_scheduler as build_policy
 from sim.latency import LatencyModel
 from sim.latency.fixed import FixedLatency
-from sim.latency.kv_transfer import tier_load_s
 from sim.latency.moe_dp_ep import DPEPGroupLatency
 from sim.latency.roofline import RooflineLatency
 from sim.latency.roofline_fits import HOST_SERIAL_SHARE
 
 
 class ReplicaParts(NamedTuple):
-    """One replica's KV pool and the scheduler that allocates from it.
+    """One replica's KV pool, the scheduler that allocates from it, and the links its KV
+    moves over, by the name a KVTransfer gives (`replica_links`).
 
     A NamedTuple, not a frozen dataclass: cheaper to import (no generated methods to compile at
     start-up) and to build.
@@ -40,6 +41,7 @@ class ReplicaParts(NamedTuple):
 
     kv: KVManager
     scheduler: Scheduler
+    links: Mapping[str, Link] = {}
 
 
 def kv_budget(scenario: Scenario) -> KVBudget:
@@ -102,13 +104,18 @@ def build_block_manager(scenario: Scenario, budget: KVBudget) -> KVManager:
         raise ValueError("kv.offload_host_gib: the offload tier holds the prefix cache's "
                          "evicted blocks; set kv.prefix_caching: true, or 0 GiB")
     disk_blocks = offload_disk_blocks(scenario, block_bytes, offload_blocks)
-    links = (scenario.hardware_spec.host_link, link_from_fields(kv.offload_disk_link))
     return PagedBlockManager(num_blocks, kv.block_size, kv.watermark,
                              enable_prefix_cache=kv.prefix_caching, host_swap_blocks=host_blocks,
                              offload_blocks=offload_blocks, offload_disk_blocks=disk_blocks,
-                             offload_load_s=partial(tier_load_s, links,
-                                                    budget.kv_bytes_per_token * kv.block_size),
+                             offload_block_shard_bytes=budget.kv_bytes_per_token * kv.block_size,
                              offload_async=kv.offload_load == "async")
+
+
+def replica_links(scenario: Scenario) -> dict[str, Link]:
+    """The links a replica's KV moves cross, by the name its KVTransfers give: "host" (the
+    GPU's host link: the host offload tier) and "disk" (kv.offload_disk_link)."""
+    return {"host": scenario.hardware_spec.host_link,
+            "disk": link_from_fields(scenario.kv.offload_disk_link)}
 
 
 def offload_disk_blocks(scenario: Scenario, block_bytes: float, host_blocks: int) -> int:
@@ -173,7 +180,7 @@ def build_replica(scenario: Scenario, budget: KVBudget, device: str | None = Non
     """A fresh pool from `budget` and a scheduler over it: every world's replica (`device`:
     see build_scheduler)."""
     kv = build_block_manager(scenario, budget)
-    return ReplicaParts(kv, build_scheduler(scenario, kv, device))
+    return ReplicaParts(kv, build_scheduler(scenario, kv, device), replica_links(scenario))
 
 
 def build_latency(scenario: Scenario, base_dir: Path | None = None) -> LatencyModel:

@@ -13,16 +13,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.cli import main
-from sim.config.catalogue import link_from_fields
 from sim.config.link import Link
 from sim.config.scenario import Scenario
+from sim.core.kv_transfer import KVTransfer
 from sim.core.offload_tier import TierStack
 from sim.core.paged import PagedBlockManager
 from sim.core.plan import StepResult
 from sim.core.request import Request
 from sim.core.schedulers.continuous import ContinuousScheduler
 from sim.experiments.run import run_scenario
-from sim.latency.kv_transfer import kv_transfer_s, tier_load_s
+from sim.latency.fixed import FixedLatency
+from sim.latency.kv_transfer import kv_transfer_s, shared_finish_s
+from sim.results.record.recorder import RunRecorder
+from sim.world.fleet import simulate_fleet
+from sim.world.replica import ReplicaSetup
 
 CHAT: dict[str, Any] = {
     "arrivals": {"process": "poisson", "rate": 4.0},
@@ -46,7 +50,7 @@ def _plain(summary: dict[str, Any]) -> str:
 
 
 def test_host_drops_go_down_to_disk_and_each_block_loads_from_the_highest_tier() -> None:
-    stack = TierStack((2, 2), load_s=lambda blocks: 1.0 * blocks[0] + 10.0 * blocks[1])
+    stack = TierStack((2, 2), block_shard_bytes=100.0)
     stack.spill([1, 2, 3])  # host keeps 2, 3; 1 goes down to disk
     assert 1 in stack.tiers[1] and 1 not in stack.tiers[0]
     stack.spill([4, 5])  # host drops 2, 3; disk (LRU) keeps 2, 3 and drops 1
@@ -54,19 +58,19 @@ def test_host_drops_go_down_to_disk_and_each_block_loads_from_the_highest_tier()
     assert stack.run_length([4, 2, 5, 1, 3]) == 3
     stack.load([4, 2, 5])
     assert stack.last_loaded_blocks == (2, 1)
-    assert stack.last_load_s == 2.0 + 10.0
+    # one transfer per tier, over that tier's link, carrying its blocks' shards
+    assert stack.transfers(7) == (KVTransfer(7, 2, 200.0, "host", "gpu", "host", True),
+                                  KVTransfer(7, 1, 100.0, "disk", "gpu", "disk", True))
     assert stack.tiers[1].num_dropped_blocks == 1 and stack.tiers[0].num_dropped_blocks == 3
 
 
-def test_each_tier_is_priced_over_its_own_link() -> None:
-    host = Link("pcie", 32e9, 0.0, generation=4)
-    disk = link_from_fields({"kind": "pcie", "generation": 4, "bandwidth_bytes_per_s": 7e9,
-                             "latency_s": 1e-4})
-    block = 2.0 * 2**20
-    assert tier_load_s((host, disk), block, (3, 0)) == kv_transfer_s(host, 3 * block)
-    assert tier_load_s((host, disk), block, (0, 2)) == kv_transfer_s(disk, 2 * block)
-    assert tier_load_s((host, disk), block, (3, 2)) == pytest.approx(
-        3 * block / 32e9 + 2 * block / 7e9 + 1e-4)
+def test_an_async_stack_issues_async_transfers_and_no_load_issues_none() -> None:
+    stack = TierStack((4,), block_shard_bytes=8.0, asynchronous=True)
+    stack.spill([1, 2])
+    stack.load([1, 2])
+    assert [t.sync for t in stack.transfers(0)] == [False]
+    stack.load([])
+    assert stack.transfers(0) == ()
 
 
 def test_a_disk_tier_catches_what_a_small_host_tier_drops() -> None:
@@ -118,7 +122,7 @@ def _run_alone(sched: ContinuousScheduler, req: Request, now: float) -> None:
 def _pool_with_spilled_prefix(asynchronous: bool) -> ContinuousScheduler:
     """A 6-block pool where request 1 evicted some of request 0's blocks to the host tier."""
     kv = PagedBlockManager(7, 16, enable_prefix_cache=True, offload_blocks=50,
-                           offload_load_s=lambda blocks: 10.0, offload_async=asynchronous)
+                           offload_block_shard_bytes=1000.0, offload_async=asynchronous)
     sched = ContinuousScheduler(kv, max_num_seqs=8, max_num_batched_tokens=512)
     _run_alone(sched, _request(0, (1, 2, 3, 4)), 0.0)
     _run_alone(sched, _request(1, (5, 6, 7, 8)), 1.0)  # evicts request 0's blocks
@@ -127,28 +131,52 @@ def _pool_with_spilled_prefix(asynchronous: bool) -> ContinuousScheduler:
     return sched
 
 
-def test_an_async_load_delays_its_request_and_lets_others_run() -> None:
+def test_an_async_load_waits_for_the_world_and_lets_others_run() -> None:
     sched = _pool_with_spilled_prefix(asynchronous=True)
     sched.add(_request(2, (1, 2, 3, 4, 9)), 100.0)  # hits the tier
     sched.add(_request(3, (20,)), 100.0)  # no hit: runs at once
     plan = sched.schedule(100.0)
     assert plan is not None and plan.request_ids == (3,)
-    assert plan.shape.tier_load_s == 0.0  # the step does not wait for the load
-    assert sched.num_waiting == 1 and sched.next_wakeup(100.0) == 110.0
+    (load,) = sched.take_transfers()  # the step does not wait for it; the request does
+    assert (load.request_id, load.src, load.link, load.sync) == (2, "host", "host", False)
+    assert load.shard_bytes == 1000.0 * load.num_blocks and sched.take_transfers() == ()
+    # the core keeps no clock of its own: only the world's kv_landed admits the request
+    assert sched.num_waiting == 1 and sched.next_wakeup(100.0) is None
     sched.on_step_done(plan, StepResult(), 100.0)
-    assert sched.schedule(105.0) is None  # still loading
+    assert sched.schedule(1e9) is None  # still loading, however late
+    assert sched.decode_run() is None  # step by step while a load is in flight
+    sched.kv_landed(load, 10.0)
     plan = sched.schedule(110.0)
     assert plan is not None and plan.request_ids == (2,)
     assert plan.context_tokens == (64,) and plan.num_new_tokens == (16,)  # loaded: computed
+    offload = sched.kv.offload  # type: ignore[attr-defined]
+    assert offload.total_load_s == 10.0
 
 
-def test_a_sync_load_lengthens_the_admitting_step() -> None:
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_the_step_driver_lands_tier_loads_and_finishes(asynchronous: bool) -> None:
+    """sim.core.drive (the engine's replay, the tests' run_steps) has no links: the loads
+    land at once, and a request held by an async load alone still runs (it used to stop
+    with a livelock: nothing runnable, no wakeup)."""
+    from sim.core.drive import run_steps
+
+    sched = _pool_with_spilled_prefix(asynchronous)
+    hit = _request(2, (1, 2, 3, 4, 9))
+    hit.arrival_s = 5.0
+    done, plans = run_steps(sched, [hit])
+    assert [r.request_id for r in done] == [2]
+    assert plans[0].context_tokens == (64,)  # its prefix came back from the tier, not recomputed
+    assert sched.take_transfers() == ()  # every move was taken and landed
+
+
+def test_a_sync_load_is_a_transfer_of_the_admitting_step() -> None:
     sched = _pool_with_spilled_prefix(asynchronous=False)
     sched.add(_request(2, (1, 2, 3, 4, 9)), 100.0)
     sched.add(_request(3, (20,)), 100.0)
     plan = sched.schedule(100.0)
     assert plan is not None and plan.request_ids == (2, 3)
-    assert plan.shape.tier_load_s == 10.0
+    (load,) = sched.take_transfers()
+    assert load.request_id == 2 and load.sync
 
 
 def test_an_aborted_load_frees_its_blocks() -> None:
@@ -159,6 +187,55 @@ def test_an_aborted_load_frees_its_blocks() -> None:
     assert used > 0
     assert sched.abort(2, 101.0) is not None
     assert sched.kv.num_used_blocks == 0 and not sched.has_unfinished()
+    (load,) = sched.take_transfers()
+    sched.kv_landed(load, 1.0)  # landing after the abort changes nothing
+    assert sched.schedule(102.0) is None and not sched.has_unfinished()
+
+
+BYTES_PER_S = 1e6
+HOST = Link("pcie", BYTES_PER_S, 1e-3, generation=4)
+
+
+def _two_loads(asynchronous: bool, *, alone: bool = False) -> tuple[list[Request], float]:
+    """Requests A and B each load 2 blocks back from the host tier at t = 10 s (B only
+    if `alone`), through one replica whose host link carries both; returns them and the
+    tier's summed load time."""
+    kv = PagedBlockManager(7, 16, enable_prefix_cache=True, offload_blocks=50,
+                           offload_block_shard_bytes=4000.0, offload_async=asynchronous)
+    sched = ContinuousScheduler(kv, max_num_seqs=8, max_num_batched_tokens=512)
+    # each filler of 6 blocks evicts the whole GPU cache into the tier
+    for i, ids in enumerate([(1, 2, 3), (20, 21, 22, 23, 24, 25), (5, 6, 7),
+                             (30, 31, 32, 33, 34, 35)]):
+        _run_alone(sched, _request(i, ids), float(i))
+    wanted = [_request(10, (1, 2, 9)), _request(11, (5, 6, 19))]
+    wanted = wanted[1:] if alone else wanted
+    for req in wanted:
+        req.arrival_s = 10.0
+    recorder = RunRecorder()
+    simulate_fleet(wanted, [ReplicaSetup(sched, FixedLatency(0.01), recorder, kv,
+                                         links={"host": HOST})], None, None, recorder)
+    assert kv.offload is not None
+    return wanted, kv.offload.total_load_s
+
+
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_concurrent_loads_share_the_replicas_link(asynchronous: bool) -> None:
+    """Two loads issued together on one host link land at shared_finish_s's times: later
+    than either alone (each its latency + bytes / bandwidth)."""
+    shard = 2 * 4000.0
+    together, together_s = _two_loads(asynchronous)
+    (alone,), alone_s = _two_loads(asynchronous, alone=True)
+    shared = shared_finish_s(HOST, [10.0, 10.0], [shard, shard])
+    assert shared[0] == shared[1] == pytest.approx(10.0 + 1e-3 + 2 * shard / BYTES_PER_S)
+    assert alone_s == pytest.approx(kv_transfer_s(HOST, shard))
+    assert together_s == pytest.approx(2 * (shared[0] - 10.0))
+    for req in together:
+        # async: admitted when its load lands; sync: the step computes once both landed
+        landed = req.first_scheduled_s if asynchronous else req.first_token_s - 0.01
+        assert landed == pytest.approx(shared[0])
+    landed = alone.first_scheduled_s if asynchronous else alone.first_token_s - 0.01
+    assert landed == pytest.approx(10.0 + kv_transfer_s(HOST, shard))
+    assert landed < shared[0]
 
 
 @settings(max_examples=30, deadline=None)
@@ -172,24 +249,37 @@ def test_every_request_finishes_and_blocks_stay_conserved(
     no request is lost or stuck, the pool's invariants hold after every step, and at the
     end every block is free again."""
     kv = PagedBlockManager(12, 16, enable_prefix_cache=True, offload_blocks=host_blocks,
-                           offload_disk_blocks=disk_blocks,
-                           offload_load_s=lambda blocks: 0.05 * blocks[0] + 0.2 * sum(blocks[1:]),
+                           offload_disk_blocks=disk_blocks, offload_block_shard_bytes=1.0,
                            offload_async=asynchronous)
     sched = ContinuousScheduler(kv, max_num_seqs=4, max_num_batched_tokens=64)
     for rid, (ids, output) in enumerate(requests):
         assert sched.add(Request(rid, 0.0, len(ids) * 16, output, prefix_block_ids=tuple(ids),
                                  prefix_unit_tokens=16), 0.0)
+    per_byte_s = {"host": 0.05, "disk": 0.2}  # a stand-in world: each load alone on its link
+    in_flight: list[tuple[float, KVTransfer]] = []  # async loads and when they land
     now, finished = 0.0, 0
     for _ in range(10_000):
         if not sched.has_unfinished():
             break
         plan = sched.schedule(now)
+        wait_s = 0.0
+        for move in sched.take_transfers():
+            took_s = per_byte_s[move.link] * move.shard_bytes
+            if move.sync:
+                sched.kv_landed(move, took_s)
+                wait_s = max(wait_s, took_s)
+            else:
+                in_flight.append((now + took_s, move))
         if plan is None:
-            wake = sched.next_wakeup(now)
-            assert wake is not None and wake >= now, "stuck with nothing to run"
-            now = wake
+            assert in_flight, "stuck with nothing to run and nothing loading"
+            in_flight.sort(key=lambda e: e[0])
+            now, move = in_flight.pop(0)
+            sched.kv_landed(move, 0.0)
             continue
-        now += 0.01 + plan.shape.tier_load_s
+        now += 0.01 + wait_s
+        for entry in [e for e in in_flight if e[0] <= now]:
+            in_flight.remove(entry)
+            sched.kv_landed(entry[1], 0.0)
         finished += len(sched.on_step_done(plan, StepResult(), now))
         kv.check_invariants()
     assert finished == len(requests)
@@ -216,3 +306,13 @@ def test_bad_tiers_exit_2_naming_the_field(tmp_path: Path, capsys: pytest.Captur
 def test_one_block_of_disk_is_enough() -> None:
     summary = _chat(offload_host_gib=BLOCK_GIB, offload_disk_gib=BLOCK_GIB)
     assert [t["capacity_blocks"] for t in summary["kv_offload"]["tiers"].values()] == [1, 1]
+
+
+def test_serve_refuses_async_loads_naming_the_field() -> None:
+    """`servesim serve`'s wall-clock loop has no world to report a landing."""
+    from sim.serve.simulated import build_simulated
+
+    scenario = Scenario.model_validate({"kv": {"prefix_caching": True, "offload_host_gib": 4,
+                                               "offload_load": "async"}})
+    with pytest.raises(ValueError, match="kv.offload_load"):
+        build_simulated(scenario, None)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from sim.latency.kv_transfer import (
     layerwise_remaining_bytes,
     shared_finish_s,
 )
-from sim.world.link_sim import SharedLink
+from sim.world.link_sim import KVLinks, SharedLink
 
 LINK = Link("rdma", 4.0e10, 1.0e-5, line_rate_gbit_per_s=400)
 
@@ -104,3 +104,26 @@ def test_ledger_counts_a_moving_block_once() -> None:
         ledger.start(KVTransfer(7, 4, 1e6, "decode-1", "host"))  # not the blocks it holds
     with pytest.raises(ValueError):
         KVTransfer(1, 1, 1.0, "host", "host")
+
+
+def test_an_owners_links_share_each_named_link_and_keep_others_apart() -> None:
+    """KVLinks (a replica's links): two loads on "host" share it, one on "disk" does not
+    slow them; each landing is reported with its time in flight; an unknown name fails."""
+    env = simpy.Environment()
+    host, disk = get_link("pcie5"), Link("pcie", 7e9, 1e-4, generation=4)
+    landed: dict[tuple[int, str], float] = {}
+    links = KVLinks(env, {"host": host, "disk": disk},
+                    lambda t, s: landed.__setitem__((t.request_id, t.link), s))
+    size = 4.0e8
+    moves = [KVTransfer(i, 8, size, link, "gpu", link, sync=i == 0)
+             for i, link in ((0, "host"), (1, "host"), (2, "disk"))]
+    held = links.send(moves)
+    assert len(held) == 1  # only the sync one is what a step waits for
+    env.run()
+    shared = shared_finish_s(host, [0.0, 0.0], [size, size])
+    assert landed[(0, "host")] == pytest.approx(shared[0])
+    assert landed[(1, "host")] == pytest.approx(shared[1])
+    assert shared[0] > kv_transfer_s(host, size)  # later than alone
+    assert landed[(2, "disk")] == pytest.approx(kv_transfer_s(disk, size))
+    with pytest.raises(ValueError, match="'nvme'"):
+        links.link("nvme")

@@ -89,6 +89,6 @@ def test_an_engine_record_writes_a_shape_as_an_object(tmp_path: Path) -> None:
                      "num_decodes": 3, "decode_context_sum": 300, "decode_context_max": 120,
                      "padded_batch": 4, "swap_out_tokens": 0, "swap_in_tokens": 0,
                      "num_spec_decodes": 1, "num_spec_tokens": 2, "spec_depth": 0,
-                     "spec_context_sum": 0, "tier_load_s": 0.0}
+                     "spec_context_sum": 0}
     assert list(shape) == list(StepShape._fields)
     assert read_record(path).steps == (step,)

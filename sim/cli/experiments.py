@@ -94,25 +94,10 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
                    help="the SLO search's rates must meet the SLOs at this probability (e.g. "
                    "0.95) under simulation noise and the model's error against real servers: "
                    "bounds tightened by the model error, attainment's lower bound at the "
-                   "threshold (docs/uncertainty.md)")
+                   "threshold (docs/uncertainty.md); overrides the spec's `confidence:`")
     _add_set_option(p, "the base scenario (not one a variant or the rates set)")
     _add_backend_options(p)
     p.set_defaults(func=_compare)
-
-
-def _confident_sets(raw_slo: dict | None, confidence: float) -> tuple[list[str], str]:
-    """`--set slo.*` overrides tightening the base's SLO bounds at `confidence`, and a line
-    saying what they became."""
-    from sim.results.stats.model_error import load_description
-    from sim.results.stats.prediction import tightened_slo
-
-    given = {k: v for k, v in (raw_slo or {}).items() if isinstance(v, int | float)}
-    tight = tightened_slo(given, confidence, load_description())
-    sets = [f"slo.{k}={v!r}" for k, v in tight.items() if v is not None]
-    said = ", ".join(f"{k} {given[k]:g} -> {v:.4g}" for k, v in tight.items() if v is not None)
-    return sets, (f"SLO search at {confidence:.0%} confidence: bounds the runs meet {said} "
-                  "(the model error's factor), and attainment's 95% lower bound must reach "
-                  "the threshold")
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -123,14 +108,7 @@ def _compare(args: argparse.Namespace) -> int:
     from sim.results.files.output_dir import OutputDirError, Staging, variant_dir
 
     try:
-        base = load_spec(args.spec, args.overrides)
-        said = ""
-        if args.confidence is not None:
-            from sim.cli.plan import check_confidence
-
-            check_confidence(args.confidence)
-            sets, said = _confident_sets(base.raw.get("slo"), args.confidence)
-            base = load_spec(args.spec, [*args.overrides, *sets])
+        base = load_spec(args.spec, args.overrides, args.confidence)
         backend = Backend(args.backend, args.jobs, args.scheduler_address)
         name = base.spec.name or Path(args.spec).stem
         named = [*args.overrides, *([f"confidence={args.confidence:g}"]
@@ -145,7 +123,7 @@ def _compare(args: argparse.Namespace) -> int:
     with stage:
         try:
             result = run_compare(base, backend, progress=not args.quiet,
-                                 cache=PointCache.beside(out_dir), confidence=args.confidence)
+                                 cache=PointCache.beside(out_dir))
         except (SweepError, ScenarioError, ValueError, FileNotFoundError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -153,8 +131,8 @@ def _compare(args: argparse.Namespace) -> int:
         stage.commit()
     if not args.quiet:
         print(format_compare(result))
-        if said:
-            print(said)
+        if base.confidence_note:
+            print(base.confidence_note)
         print(f"{len(result.probes)} runs ({result.reused} reused from {CACHE_DIR}/); "
               f"results in {out_dir}/")
     return 0

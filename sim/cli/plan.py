@@ -53,6 +53,7 @@ def _question(args: argparse.Namespace):  # noqa: ANN202 - a PlanQuestion, impor
     from sim.config.loader import read_scenario_raw
     from sim.experiments.plan_layouts import parse_dps
     from sim.experiments.plan_run import PlanQuestion
+    from sim.results.stats.prediction import check_confidence
     from sim.results.stats.slo import SLO
 
     if not args.rate > 0:
@@ -60,7 +61,7 @@ def _question(args: argparse.Namespace):  # noqa: ANN202 - a PlanQuestion, impor
     if args.max_replicas < 1 or args.requests < 100:
         raise ValueError("--max-replicas must be >= 1 and --requests >= 100, got "
                          f"{args.max_replicas} and {args.requests}")
-    check_confidence(args.confidence)
+    check_confidence(args.confidence, "--confidence")  # compare's check (its spec field's)
     gpus = tuple(g.strip() for g in args.gpu.split(",") if g.strip())
     for g in gpus:
         get_hardware(g)  # an unknown name: its error lists the catalogue
@@ -92,12 +93,6 @@ def _question(args: argparse.Namespace):  # noqa: ANN202 - a PlanQuestion, impor
                          f"{args.dp_batched_tokens}")
     return replace(question, dps=parse_dps(args.dp, model, tps),
                    dp_batched_tokens=args.dp_batched_tokens)
-
-
-def check_confidence(value: float | None) -> None:
-    """--confidence: a probability in [0.5, 1) (ValueError naming the option otherwise)."""
-    if value is not None and not 0.5 <= value < 1:
-        raise ValueError(f"--confidence: a probability in [0.5, 1), e.g. 0.95; got {value}")
 
 
 def _plan(args: argparse.Namespace) -> int:

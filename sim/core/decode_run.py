@@ -114,7 +114,7 @@ def decode_shape(shape: StepShape, s: int) -> StepShape:
                      shape.num_decodes, shape.decode_context_sum + s * shape.num_decodes,
                      shape.decode_context_max + s, shape.padded_batch, shape.swap_out_tokens,
                      shape.swap_in_tokens, shape.num_spec_decodes, shape.num_spec_tokens,
-                     shape.spec_depth, shape.spec_context_sum, shape.tier_load_s)
+                     shape.spec_depth, shape.spec_context_sum)
 
 
 def constant(steps: int, value: float | int, dtype: type = np.int64) -> np.ndarray:

@@ -17,6 +17,8 @@ and `wait_until` lets a wall-clock world sleep until an arrival. The engine's
 replay (gpu_engine.replay_loop) and the tests (`run_steps`) drive through here.
 
 It is synchronous: schedule() and on_step_done() alternate, one step at a time.
+KV moves the scheduler issues (offload-tier loads, `take_transfers`) land at once,
+free: the real engine moves no KV between tiers, and a test driver has no links.
 A scheduler built with `async_scheduling` (vLLM's default, the continuous
 policy's unless the scenario says false) never gets a plan scheduled ahead here,
 so the real engine runs synchronously whatever its scenario asks: its plans are
@@ -78,13 +80,26 @@ def drive(scheduler: Scheduler, requests: Iterable[Request], step: Step,
             closed = True
             scheduler.close(arrived_s)
 
+    take_moves = getattr(scheduler, "take_transfers", None)
+
+    def land_moves() -> bool:
+        """The KV moves the scheduler issued (offload-tier loads) land at once: this
+        driver has no links to price them on (the SimPy world does, sim.world.link_sim)."""
+        moves = take_moves() if take_moves is not None else ()
+        for move in moves:
+            scheduler.kv_landed(move, 0.0)  # type: ignore[attr-defined]
+        return bool(moves)
+
     now_s = 0.0
     idle_at_s: float | None = None  # the instant the last idle wait began
     admit_until(now_s)
     while True:
         end_s = step(now_s, admit_until)
+        landed = land_moves()
         if end_s is not None:
             now_s = end_s
+            continue
+        if landed:  # an async load held the only work: it can run now
             continue
         nxt = next_arrival()
         wakeup_s = scheduler.next_wakeup(now_s)

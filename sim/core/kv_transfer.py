@@ -1,11 +1,13 @@
 """KV that moves: one transfer value for every mover, and the ledger that conserves blocks.
 
 Swap preemption (GPU pool <-> host pool), a disaggregated fleet's prefill -> decode
-hand-off and (planned) offload tiers all move a request's KV blocks from one owner to
-another. Each move is a `KVTransfer`: what it carries (blocks, and bytes per GPU shard),
-from where, to where. Its price is a pure function of the bytes and a link
-(sim.latency.kv_transfer); when it runs, among the others sharing the link, is the
-world's (sim.world.link_sim). No clock is read here.
+hand-off and the offload tiers' loads (host or disk -> GPU) all move a request's KV
+blocks from one owner to another. Each move is a `KVTransfer`: what it carries (blocks,
+and bytes per GPU shard), from where, to where, over which of its owner's links, and
+whether the step that issued it waits for it (`sync`) or only its request does. Its
+price is a pure function of the bytes and a link (sim.latency.kv_transfer); when it
+runs, among the others sharing the link, is the world's (sim.world.link_sim), which
+tells the scheduler when it landed. No clock is read here.
 
 `TransferLedger` is the conservation check of item 5 of issue 48: a block is in exactly
 one place or in flight. A transfer's blocks are held at its source until it lands (the
@@ -22,13 +24,18 @@ from dataclasses import dataclass
 class KVTransfer:
     """One move of a request's KV: `num_blocks` blocks, `shard_bytes` per GPU shard.
 
-    `src` and `dst` name the owners (e.g. "prefill-0", "decode-1", "host")."""
+    `src` and `dst` name the owners (e.g. "prefill-0", "decode-1", "host", "gpu").
+    `link`: which of the replica's links it crosses ("host", "disk"; "" where the world
+    has one link, a disaggregated fleet's). `sync`: the step that issued it runs only
+    once it has landed (a synchronous tier load); else only its request waits."""
 
     request_id: int
     num_blocks: int
     shard_bytes: float
     src: str
     dst: str
+    link: str = ""
+    sync: bool = False
 
     def __post_init__(self) -> None:
         if self.num_blocks < 0:

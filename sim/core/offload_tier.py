@@ -9,10 +9,13 @@ name in a tier means the block's KV can be copied back instead of recomputed.
 names go to the host tier, whose LRU drops go to the disk tier, whose drops vanish. A
 lookup runs over the names after the GPU's hits while each is in some tier; each block
 loads from the highest tier holding it, and that tier keeps its copy (as LMCache's store
-does), refreshed in its LRU. The load is priced by `load_s` (blocks per tier -> seconds),
-which the assembly builds from sim.latency.kv_transfer over each tier's Link, the one
-pricing path of every KV mover; the scheduler adds it to the step (sync) or delays the
-request's admission by it (async).
+does), refreshed in its LRU. A load is one `KVTransfer` per tier it takes blocks from
+(`transfers`), over that tier's link, named after the tier ("host", "disk"): the one path
+of every KV mover (sim.core.kv_transfer). The world sends them on the replica's shared
+links, priced by sim.latency.kv_transfer, and reports each landing (`landed`, the
+seconds it was in flight, summed as `total_load_s`). A sync load holds the step that
+admitted its request until it lands; an async one holds only its request (the scheduler
+parks it until the world says it landed).
 
 Capacities are in blocks; a stack of no tiers is never built (PagedBlockManager's
 `offload_blocks` = 0 is the plain pool, bit for bit).
@@ -21,7 +24,9 @@ Capacities are in blocks; a stack of no tiers is never built (PagedBlockManager'
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+
+from sim.core.kv_transfer import KVTransfer
 
 TIER_NAMES = ("host", "disk")
 
@@ -90,32 +95,29 @@ class OffloadTier:
         assert len(self._names) <= self.capacity_blocks, "offload tier over capacity"
 
 
-def _free(_blocks: Sequence[int]) -> float:
-    return 0.0
-
-
 class TierStack:
     """The offload tiers, host first: spills cascade down, loads come from the highest
-    tier holding each block. `asynchronous`: a load delays its request's admission instead
-    of lengthening the step (vLLM's async KV load). `hit_log_s` / `hit_log_blocks`: when
-    admissions hit, and the blocks each took from the GPU cache and from each tier (the
-    plot of hits by tier)."""
+    tier holding each block. `block_shard_bytes`: one GPU's shard of a block (what each
+    loaded block puts on the link). `asynchronous`: a load delays its request's admission
+    instead of holding the step (vLLM's async KV load). `hit_log_s` / `hit_log_blocks`:
+    when admissions hit, and the blocks each took from the GPU cache and from each tier
+    (the plot of hits by tier)."""
 
-    __slots__ = ("tiers", "load_s", "asynchronous", "last_loaded_blocks", "last_load_s",
+    __slots__ = ("tiers", "block_shard_bytes", "asynchronous", "last_loaded_blocks",
                  "total_load_s", "hit_log_s", "hit_log_blocks")
 
-    def __init__(self, capacities_blocks: Sequence[int],
-                 load_s: Callable[[Sequence[int]], float] = _free,
+    def __init__(self, capacities_blocks: Sequence[int], block_shard_bytes: float = 0.0,
                  asynchronous: bool = False) -> None:
         if not 1 <= len(capacities_blocks) <= len(TIER_NAMES):
             raise ValueError(f"offload tiers: 1 to {len(TIER_NAMES)} capacities, "
                              f"got {len(capacities_blocks)}")
+        if not block_shard_bytes >= 0:
+            raise ValueError(f"block_shard_bytes must be >= 0, got {block_shard_bytes}")
         self.tiers = tuple(OffloadTier(c) for c in capacities_blocks)
-        self.load_s = load_s
+        self.block_shard_bytes = block_shard_bytes
         self.asynchronous = asynchronous
         self.last_loaded_blocks: tuple[int, ...] = (0,) * len(self.tiers)
-        self.last_load_s = 0.0  # what the last load costs (its blocks over the tiers' links)
-        self.total_load_s = 0.0
+        self.total_load_s = 0.0  # seconds loads were in flight, as the world reported them
         self.hit_log_s: list[float] = []
         self.hit_log_blocks: list[tuple[int, ...]] = []  # (gpu, host[, disk]) per hit
 
@@ -144,7 +146,8 @@ class TierStack:
         return count
 
     def load(self, names: Sequence[int]) -> None:
-        """Copy `names` back, each from the highest tier holding it; prices the load."""
+        """Copy `names` back, each from the highest tier holding it (`transfers` says what
+        crosses the links)."""
         split: list[list[int]] = [[] for _ in self.tiers]
         for name in names:
             for tier, taken in zip(self.tiers, split, strict=True):
@@ -154,8 +157,18 @@ class TierStack:
         for tier, taken in zip(self.tiers, split, strict=True):
             tier.load(taken)
         self.last_loaded_blocks = tuple(map(len, split))
-        self.last_load_s = self.load_s(self.last_loaded_blocks) if names else 0.0
-        self.total_load_s += self.last_load_s
+
+    def transfers(self, request_id: int) -> tuple[KVTransfer, ...]:
+        """The last load as moves: one per tier it took blocks from, over that tier's link,
+        sync unless the stack is asynchronous."""
+        shard, sync = self.block_shard_bytes, not self.asynchronous
+        return tuple(KVTransfer(request_id, blocks, blocks * shard, name, "gpu", name, sync)
+                     for name, blocks in zip(TIER_NAMES, self.last_loaded_blocks, strict=False)
+                     if blocks)
+
+    def landed(self, in_flight_s: float) -> None:
+        """The world: one of the loads landed after `in_flight_s` seconds on its link."""
+        self.total_load_s += in_flight_s
 
     def note_hit(self, now_s: float, gpu_blocks: int) -> None:
         """An admission at `now_s` hit `gpu_blocks` in the GPU cache plus the last load."""

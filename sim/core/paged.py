@@ -5,7 +5,6 @@ See sim/core/kv.py's docstring for the design; this file is the mechanics.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from operator import add
 
 from sim.core.free_queue import FreeQueue
@@ -27,7 +26,7 @@ class PagedBlockManager:
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0,
                  enable_prefix_cache: bool = False, host_swap_blocks: int = 0,
                  offload_blocks: int = 0, offload_disk_blocks: int = 0,
-                 offload_load_s: Callable[[Sequence[int]], float] | None = None,
+                 offload_block_shard_bytes: float = 0.0,
                  offload_async: bool = False) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (one is the null block), got {num_blocks}")
@@ -56,14 +55,13 @@ class PagedBlockManager:
         self.num_swapped_out_blocks = 0
         self.num_swapped_in_blocks = 0
         # the offload tiers under the prefix cache, host then disk (sim/core/offload_tier.py),
-        # their loads priced by `offload_load_s` (blocks per tier -> s); None: no tier
+        # each loaded block puts `offload_block_shard_bytes` (one GPU's shard) on its tier's
+        # link, as a KVTransfer the world sends; None: no tier
         self.offload: TierStack | None = None
         if offload_blocks and enable_prefix_cache:
             sizes = (offload_blocks, offload_disk_blocks) if offload_disk_blocks else (
                 offload_blocks,)
-            self.offload = (TierStack(sizes, asynchronous=offload_async)
-                            if offload_load_s is None
-                            else TierStack(sizes, offload_load_s, offload_async))
+            self.offload = TierStack(sizes, offload_block_shard_bytes, offload_async)
         self.loaded_tokens = 0  # tokens the last allocate() loaded from the offload tier
 
     # -- sizes ---------------------------------------------------------------

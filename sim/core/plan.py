@@ -60,9 +60,8 @@ class StepShape(NamedTuple):
     num_spec_tokens: int = 0
     spec_depth: int = 0
     spec_context_sum: int = 0
-    # seconds of KV loaded back from offload tiers (host, disk) for this step's admissions,
-    # priced over each tier's link (sim.latency.kv_transfer); added to the step (sync loads)
-    tier_load_s: float = 0.0
+    # (KV loaded back from offload tiers is no part of the shape: the scheduler issues it
+    # as KVTransfers, take_transfers, which the world sends on its shared links)
 
     @property
     def num_prefills(self) -> int:

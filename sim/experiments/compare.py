@@ -182,11 +182,10 @@ def _waste_rate(table: pd.DataFrame, asked: float | None) -> float:
 
 
 def run_compare(base: Base, backend: Backend | None = None, progress: bool = True,
-                cache: PointCache | None = None, confidence: float | None = None
-                ) -> CompareResult:
-    """The load sweep, then the SLO search; `cache` reuses and keeps finished points;
-    `confidence`: the SLO search's (sim.experiments.slo_search), the base's SLO bounds
-    already tightened by the caller (sim.results.stats.prediction.tightened_slo)."""
+                cache: PointCache | None = None) -> CompareResult:
+    """The load sweep, then the SLO search; `cache` reuses and keeps finished points. The
+    search runs at `base.confidence` (the spec's or --confidence; sim.experiments.slo_search),
+    the base's SLO bounds already tightened by `load_spec`."""
     from tqdm import tqdm
 
     backend = backend or Backend()
@@ -194,7 +193,7 @@ def run_compare(base: Base, backend: Backend | None = None, progress: bool = Tru
                                                 disable=not progress) as bar:
         session = _Session(base, runner, bar)
         rates = _load_sweep(session)
-        slo = slo_search(session, rates, confidence)
+        slo = slo_search(session, rates, base.confidence)
     order = {v.name: i for i, v in enumerate(base.spec.variants)}
     swept = [row for (name, rate, n), row in sorted(
         session.rows.items(), key=lambda kv: (order[kv[0][0]], kv[0][1], kv[0][2] or 0))

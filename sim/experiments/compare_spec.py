@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sim.config.loader import apply_overrides, read_scenario_raw, validate_scenario
 from sim.config.scenario import DEFAULT_WORKLOAD, NAME_PATTERN, Scenario
 from sim.config.yaml_input import ScenarioError, read_yaml
+from sim.experiments.slo_confidence import resolve, tighten
 from sim.experiments.sweep import SweepError, Task, override
+from sim.results.stats.prediction import check_confidence
 
 SUSTAIN_RATIO = 0.9  # achieved >= 90% of the offered rate = sustained
 _FORBIDDEN = ("seed", "workload")  # would change the request stream
@@ -72,8 +74,18 @@ class CompareSpec(_Strict):
     request_budget: int = Field(
         200_000, ge=0, description="requests the longer runs may simulate, per variant; "
         "when spent, the search reports the wider interval and says so")
+    confidence: float | None = Field(
+        None, description="the SLO search's rates must meet the SLOs at this probability "
+        "(e.g. 0.95) under simulation noise and the model's error against real servers "
+        "(docs/uncertainty.md); `servesim compare --confidence` overrides it")
     waste_rate: float | None = Field(None, gt=0, description="rate of the waste bars")
     out: str | None = None
+
+    @field_validator("confidence", mode="before")
+    @classmethod
+    def _confidence(cls, value: Any) -> float | None:
+        """--confidence's check, on the value as written (`true` is not 1.0)."""
+        return check_confidence(value, "confidence")
 
     @model_validator(mode="after")
     def _check(self) -> CompareSpec:
@@ -100,6 +112,8 @@ class Base:
     base_dir: Path
     raw: dict[str, Any]
     trace_rate: float | None  # a trace's own arrival rate at time_scale 1; None = synthetic
+    confidence: float | None = None  # the SLO search's (the spec's, or --confidence)
+    confidence_note: str = ""  # the SLO bounds the confidence tightened, in words
 
     def scenario(self, variant: VariantSpec, rate: float,
                  num_requests: int | None = None) -> Scenario:
@@ -126,10 +140,13 @@ def _validate(raw: dict[str, Any], sets: list[str], source: str) -> Scenario:
     return validate_scenario(apply_overrides(copy.deepcopy(raw), sets), source)
 
 
-def load_spec(path: str | Path, sets: Sequence[str] = ()) -> Base:
+def load_spec(path: str | Path, sets: Sequence[str] = (), confidence: float | None = None
+              ) -> Base:
     """Read and validate a compare spec and its base; every problem is a SweepError.
     `sets`: `--set KEY=VALUE` overrides of the base scenario, as `servesim run` takes them;
-    one that a variant or the offered rate would override again is refused, naming it."""
+    one that a variant or the offered rate would override again is refused, naming it.
+    `confidence`: --confidence, over the spec's `confidence:`; either tightens the base's
+    SLO bounds here (sim.experiments.slo_confidence)."""
     path = Path(path)
     try:
         raw_spec = read_yaml(path, "compare")
@@ -162,11 +179,18 @@ def load_spec(path: str | Path, sets: Sequence[str] = ()) -> Base:
             raw["workload"]["trace"] = {"path": raw["workload"]["trace"]}
         _check_sets(sets, spec)
         raw = apply_overrides(raw, sets)
+        try:
+            level, note = resolve(spec.confidence, confidence, str(path)), ""
+            if level is not None:
+                raw, note = tighten(raw, level, [(v.name, k) for v in spec.variants
+                                                 for k in v.overrides])
+        except ValueError as err:
+            raise SweepError(str(err)) from None
         scenario = _validate(raw, [], source)
         # a trace without arrival times runs at workload.arrivals: its rate is what varies
         timed_trace = scenario.workload.trace is not None and scenario.workload.arrivals is None
         trace_rate = _trace_rate(raw, base_dir, source) if timed_trace else None
-        base = Base(spec, source, base_dir, raw, trace_rate)
+        base = Base(spec, source, base_dir, raw, trace_rate, level, note)
         rate = spec.rates[0] if isinstance(spec.rates, list) else spec.auto.start
         for variant in spec.variants:  # a bad override fails now, not mid-sweep
             base.scenario(variant, rate)
@@ -210,7 +234,7 @@ def _spec_errors(err: ValidationError, path: Path) -> str:
     problems = []
     for e in err.errors(include_url=False):
         loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("list[", "literal[")))
-        msg = e["msg"].removeprefix("Value error, ")
+        msg = e["msg"].removeprefix("Value error, ").removeprefix(f"{loc}: ")
         if e["type"] == "extra_forbidden":
             msg = f"unknown key; allowed: {', '.join(CompareSpec.model_fields)}"
         problems.append(f"{loc or '(top level)'}: {msg}")

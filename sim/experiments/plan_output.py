@@ -22,8 +22,9 @@ def _has_dp(result: PlanResult) -> bool:
 def _columns(q: PlanQuestion, result: PlanResult) -> list[str]:
     p = q.percentile
     head = ["gpu", "layout"] if _has_dp(result) else ["gpu", "tp"]
-    return [*head, *_SHOWN, f"{p}_ttft_ms", f"{p}_ttft_ms_lo", f"{p}_ttft_ms_hi", f"{p}_tpot_ms",
-            f"{p}_tpot_ms_lo", f"{p}_tpot_ms_hi"]
+    upper = ("_upper",) if q.confidence is not None else ()  # the confident bound beside
+    return [*head, *_SHOWN, *(f"{p}_{m}_ms{part}" for m in ("ttft", "tpot")
+                              for part in ("", "_lo", "_hi", *upper))]
 
 
 def cost_label(q: PlanQuestion) -> str:
@@ -64,9 +65,12 @@ def confidence_line(result: PlanResult, q: PlanQuestion) -> str:
     point = result.point_best
     if point is None:
         return f"{head}; no configuration passes even on the point estimate."
-    pick = f"{_fleet(point)} ({point['gpus']} GPUs)"
+    # why the point pick is not the confident one: its row's verdict at the confidence
+    why = "" if point.get("passes", True) else f"; {point['why']}"
+    gpus = int(point["gpus"])
+    pick = f"{_fleet(point)} ({gpus} GPU{'' if gpus == 1 else 's'}{why})"
     if result.best is None:
-        return (f"{head} no configuration is certified; the point estimate would pick "
+        return (f"{head}; no configuration is certified; the point estimate would pick "
                 f"{pick}.")
     extra = int(result.best["gpus"]) - int(point["gpus"])
     return (f"{head}; the point estimate would pick {pick}: the confidence costs "

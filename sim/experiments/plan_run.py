@@ -30,6 +30,8 @@ from sim.experiments.plan_layouts import dp_layouts, layout_label
 from sim.experiments.runner import Backend, SweepError, Task, open_backend
 from sim.experiments.sweep import override
 from sim.results.files.steady import window_columns
+from sim.results.stats.model_error import ModelErrorTable
+from sim.results.stats.prediction import confident_upper
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +100,14 @@ def _workload_shape(q: PlanQuestion) -> tuple[float, float, int]:
 def _row(q: PlanQuestion, gpu: str, tp: int, replicas: int, result: dict[str, Any],
          dp: int = 1) -> dict[str, Any]:
     verdict = point = judge(result, q.ttft_ms, q.tpot_ms, q.percentile)
+    uppers: dict[str, float] = {}
     if q.confidence is not None:
         from sim.results.stats.model_error import load_description
 
+        table = load_description()
         verdict = judge_confident(result, q.ttft_ms, q.tpot_ms, q.percentile, q.confidence,
-                                  load_description())
+                                  table)
+        uppers = confident_columns(result, q.percentile, q.confidence, table)
     prices = dict(q.prices)
     gpus = dp * tp * replicas
     row: dict[str, Any] = {"gpu": gpu, "tp": tp, "dp": dp, "replicas": replicas,
@@ -117,9 +122,23 @@ def _row(q: PlanQuestion, gpu: str, tp: int, replicas: int, result: dict[str, An
             value = ci.get(part)
             row[f"{q.percentile}_{metric}_ms" + ("" if part == "estimate" else f"_{part}")] = (
                 math.nan if value is None else value)
+        if uppers:
+            row[f"{q.percentile}_{metric}_ms_upper"] = uppers[metric]
     offered = row["window_offered_rate"]
     row["shortfall"] = row["window_throughput"] / offered if offered and offered > 0 else 1.0
     return row
+
+
+def confident_columns(result: dict[str, Any], percentile: str, confidence: float,
+                      table: ModelErrorTable) -> dict[str, float]:
+    """The real server's TTFT and TPOT percentile that a fleet stays under with probability
+    `confidence` (the bound judge_confident holds to the SLOs; NaN outside the validated
+    domain), so a row shows why the confident pick differs from the point one."""
+    out = {}
+    for metric in ("ttft", "tpot"):
+        value, _ = confident_upper(result, f"{percentile}_{metric}_ms", confidence, table)
+        out[metric] = math.nan if value is None else value
+    return out
 
 
 def run_plan(q: PlanQuestion, backend: Backend | None = None, progress: bool = True,

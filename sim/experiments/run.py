@@ -96,7 +96,8 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None,
         rows=rows, slo=slo, ranks=dp)
     setups = [ReplicaSetup(p.scheduler, lat, recorder if len(parts) == 1 else
                            RunRecorder(rows=KEEP if kept else None, slo=slo),
-                           p.kv, verifier, fast_forward=fast_forward, observer=observer)
+                           p.kv, verifier, fast_forward=fast_forward, observer=observer,
+                           links=p.links)
               for p, lat, observer, verifier in zip(parts, latencies, observers, verifiers,
                                                     strict=True)]
     latency = setups[0].latency

@@ -75,7 +75,7 @@ def _setups(scenario: Scenario, side: str, base_dir: Path | None, slo: Any, kept
                 f"(disaggregation.{side}.hardware.count) or a lower scheduler.max_model_len")
         setups.append(ReplicaSetup(parts.scheduler, build_latency(scenario, base_dir),
                                    RunRecorder(rows=KEEP if kept else None, slo=slo), parts.kv,
-                                   fast_forward=False))
+                                   fast_forward=False, links=parts.links))
     return setups
 
 

@@ -2,9 +2,10 @@
 
 Three things move KV between owners: swap preemption (GPU <-> host pool), prefill ->
 decode transfers of a disaggregated fleet, and the offload tiers' loads (host or disk ->
-GPU, `tier_load_s`). Each is a
-`KVTransfer` (sim.core.kv_transfer) priced here, over a `Link` (sim.config.link); the
-world (sim.world.link_sim) schedules the transfers that share a link.
+GPU). The last two are `KVTransfer`s (sim.core.kv_transfer) priced here, over a `Link`
+(sim.config.link), which the world (sim.world.link_sim) schedules where they share a
+link; swap is still priced inside the step by the latency models (its bytes over the
+host link, docs/kv_moves.md says why).
 
 Bytes: a transfer carries `tokens x kv_bytes_per_token(model, tp)` bytes per GPU, each
 GPU's shard over its own lane (the Link's bandwidth is one GPU's, per direction, as
@@ -28,7 +29,7 @@ from sim.config.link import Link, transfer_s
 from sim.config.specs import ModelSpec
 
 __all__ = ["drain", "kv_shard_bytes", "kv_transfer_s", "layerwise_remaining_bytes",
-           "next_finish_s", "shared_finish_s", "tier_load_s"]
+           "next_finish_s", "shared_finish_s"]
 
 
 def kv_shard_bytes(model: ModelSpec, num_tokens: int, tp: int = 1) -> float:
@@ -41,20 +42,6 @@ def kv_transfer_s(link: Link, shard_bytes: float) -> float:
     """Seconds to move one shard of `shard_bytes` over an idle `link`: latency +
     bytes / bandwidth (a free link: its latency; nothing to move: 0)."""
     return transfer_s(link, shard_bytes)
-
-
-def tier_load_s(links: Sequence[Link], block_shard_bytes: float,
-                blocks_per_tier: Sequence[int]) -> float:
-    """Seconds to load one admission's blocks back from the offload tiers: each tier's
-    blocks are one transfer over that tier's link (host, then disk), one after the other.
-    `block_shard_bytes`: one GPU's shard of a block (each GPU loads its own shard)."""
-    if len(blocks_per_tier) > len(links):
-        raise ValueError(f"{len(blocks_per_tier)} tiers loaded, {len(links)} links given")
-    total = 0.0
-    for tier, blocks in enumerate(blocks_per_tier):
-        if blocks:
-            total += kv_transfer_s(links[tier], blocks * block_shard_bytes)
-    return total
 
 
 def layerwise_remaining_bytes(shard_bytes: float, num_layers: int, overlap_s: float,

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.assemble import build_latency, build_replica, kv_budget, synchronous
+from sim.config.link import Link
 from sim.config.scenario import Scenario
 from sim.core.drive import EMPTY
 from sim.core.kv import KVBudget, KVManager
@@ -27,6 +28,7 @@ from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
 from sim.latency.draft import with_draft
+from sim.latency.kv_transfer import shared_finish_s
 from sim.serve.api import Generation
 from sim.serve.stepper import StepDone
 from sim.text.base import Tokenizer
@@ -55,6 +57,7 @@ class SimulatedStepper:
     latency: LatencyModel
     tokenizer: Tokenizer
     speculate: Callable[[StepPlan], StepResult] | None = None
+    links: Mapping[str, Link] = field(default_factory=dict)  # the KV moves' links, by name
     _origin_s: float = field(default_factory=time.perf_counter)
     _passage: tuple[int, ...] = ()
     _offsets: dict[int, int] = field(default_factory=dict)  # request -> next passage index
@@ -81,9 +84,7 @@ class SimulatedStepper:
         if plan is None:
             return None
         held = scheduler.kv_slots_held
-        duration_s = self.latency.step_time(plan.shape)
-        if plan.shape.tier_load_s:  # synchronous offload-tier loads (sim.core.offload_tier)
-            duration_s += plan.shape.tier_load_s
+        duration_s = self.latency.step_time(plan.shape) + self._load_s()
         end_s = start_s + duration_s
         wait_s = end_s - self.clock()
         if wait_s > 0:
@@ -96,6 +97,24 @@ class SimulatedStepper:
             self._offsets.pop(request.request_id, None)
         return StepDone(start_s, duration_s, plan, finished, tokens, held,
                         None if self.speculate is None else result)
+
+    def _load_s(self) -> float:
+        """The step's synchronous tier loads (build_simulated refuses async ones): each link's
+        transfers issued together, sharing it (sim.latency.kv_transfer.shared_finish_s); the
+        step computes once the last has landed."""
+        take = getattr(self.scheduler, "take_transfers", None)
+        moves = take() if take is not None else ()
+        if not moves:
+            return 0.0
+        wait_s = 0.0
+        for name in dict.fromkeys(t.link for t in moves):
+            on_link = [t for t in moves if t.link == name]
+            done_s = shared_finish_s(self.links[name], [0.0] * len(on_link),
+                                     [t.shard_bytes for t in on_link])
+            for transfer, landed_s in zip(on_link, done_s, strict=True):
+                self.scheduler.kv_landed(transfer, landed_s)  # type: ignore[attr-defined]
+            wait_s = max(wait_s, *done_s)
+        return wait_s
 
     def _tokens(self, plan: StepPlan, result: StepResult) -> list[tuple[int, int]]:
         """The passage's next tokens for every emitting sequence (1 + accepted drafts each);
@@ -131,11 +150,15 @@ def build_simulated(scenario: Scenario, tokenizer: Tokenizer, base_dir: Path | N
         raise ValueError(f"hardware.data_parallel: `servesim serve` serves one replica's "
                          f"scheduler, not {scenario.hardware.data_parallel} data-parallel "
                          "ranks in lockstep; simulate them with `servesim run`")
+    if scenario.kv.offload_host_gib and scenario.kv.offload_load == "async":
+        raise ValueError("kv.offload_load: `servesim serve` loads offload tiers "
+                         "synchronously; set it to sync, or simulate async loads with "
+                         "`servesim run`")
     scenario = synchronous(scenario)
     budget = kv_budget(scenario)
     parts = build_replica(scenario, budget)
     latency = with_draft(scenario, build_latency(scenario, base_dir))
     stepper = SimulatedStepper(parts.scheduler, parts.kv, latency, tokenizer,
-                               build_speculation(scenario))
+                               build_speculation(scenario), parts.links)
     max_len = scenario.scheduler.max_model_len or scenario.model_spec.max_context_tokens
     return SimulatedBackend(stepper, budget, max_len, latency.name)

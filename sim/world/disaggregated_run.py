@@ -64,7 +64,8 @@ def simulate_disaggregated(requests: Iterable[Request], prefill: Sequence[Replic
             if on_event is not None:
                 tap.after = lambda: on_event(fleet)
             replica = Replica(env, s.scheduler, s.latency, tap, None, s.kv, None, s.speculate,
-                              s.observer, False, None, None, delivery_s)  # type: ignore[arg-type]
+                              s.observer, False, None, None, delivery_s,  # type: ignore[arg-type]
+                              s.links)
             fleet.add(side, replica)
     for replica in fleet.prefill + fleet.decode:
         env.process(replica.run())

@@ -13,7 +13,9 @@ lockstep steps themselves (each rank's batch, tokens and own time) go to the gro
 LockstepLog (sim.world.dp_log), which the time series and summary read. Step by step,
 always: no decode run is fast-forwarded (the ranks' runs would have to end together).
 Under async scheduling each rank plans its next step as this one launches, as a replica
-does. Aborts are not modelled (the group serves the simulator, not `servesim serve`).
+does. Each rank's KV moves (offload-tier loads) go on its own shared links, as a
+replica's do; the lockstep step waits for every rank's sync loads, then computes.
+Aborts are not modelled (the group serves the simulator, not `servesim serve`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 import simpy
 
 from sim.config.frontend import Frontend
+from sim.core.kv_transfer import KVTransfer
 from sim.core.plan import StepPlan
 from sim.core.request import Request
 from sim.latency.moe_dp_ep import DPEPGroupLatency
@@ -33,6 +36,7 @@ from sim.results.record.recording import record_step
 from sim.world.dp_log import LockstepLog
 from sim.world.fast_forward import NextArrival
 from sim.world.fleet import _arrivals  # the fleet's arrival process, fed ranks instead
+from sim.world.link_sim import KVLinks
 from sim.world.replica import SCRIPTED, ReplicaSetup
 from sim.world.router import Router
 
@@ -45,6 +49,7 @@ class Rank:
     setup: ReplicaSetup
     group: DPGroup
     fleet_recorder: RunRecorder | None
+    kv_links: KVLinks | None = None  # the rank's links for its KV moves (made on first use)
 
     @property
     def num_outstanding(self) -> int:
@@ -79,6 +84,28 @@ class Rank:
         self.setup.scheduler.close(self.group.env.now)
         self.group.wake()
 
+    def issue(self) -> tuple[KVTransfer, ...]:
+        """Send the async KV moves the rank's last schedule() issued on its links; returns
+        the sync ones, which the group's step waits for (as a replica's, Replica._issue)."""
+        take = getattr(self.setup.scheduler, "take_transfers", None)
+        moves = take() if take is not None else ()
+        if not moves:
+            return ()
+        sync = tuple(t for t in moves if t.sync)
+        if len(sync) < len(moves):
+            self.links().send(t for t in moves if not t.sync)
+        return sync
+
+    def links(self) -> KVLinks:
+        if self.kv_links is None:
+            self.kv_links = KVLinks(self.group.env, self.setup.links, self._landed)
+        return self.kv_links
+
+    def _landed(self, transfer: KVTransfer, in_flight_s: float) -> None:
+        self.setup.scheduler.kv_landed(transfer, in_flight_s)  # type: ignore[attr-defined]
+        if not transfer.sync:
+            self.group.wake()
+
     def recorders(self) -> tuple[RunRecorder, ...]:
         own = self.setup.recorder
         return (own,) if self.fleet_recorder is None or self.fleet_recorder is own else (
@@ -110,10 +137,19 @@ class DPGroup:
         schedulers = [r.setup.scheduler for r in ranks]
         overlap = any(getattr(s, "async_scheduling", False) for s in schedulers)
         ahead: list[StepPlan | None] = [None] * len(ranks)
+        no_moves: tuple[KVTransfer, ...] = ()
+        ahead_sync = [no_moves] * len(ranks)  # the sync KV moves of each ahead plan
         while True:
-            plans = [a if a is not None else s.schedule(env.now)
-                     for a, s in zip(ahead, schedulers, strict=True)]
+            plans: list[StepPlan | None] = []
+            sync: list[tuple[Rank, tuple[KVTransfer, ...]]] = []  # each rank's, if any
+            for rank, a, moves in zip(ranks, ahead, ahead_sync, strict=True):
+                if a is None:
+                    a, moves = rank.setup.scheduler.schedule(env.now), rank.issue()
+                plans.append(a)
+                if moves:
+                    sync.append((rank, moves))
             ahead = [None] * len(ranks)
+            ahead_sync = [no_moves] * len(ranks)
             if all(p is None for p in plans):
                 yield from self._idle(schedulers)
                 continue
@@ -121,9 +157,11 @@ class DPGroup:
             held = [s.kv_slots_held for s in schedulers]
             shapes = [None if p is None else p.shape for p in plans]
             duration_s, rank_s = latency.lockstep(shapes)
-            # a rank's synchronous offload-tier load stalls the group's step (an upper bound
-            # when the loading rank is not the slowest)
-            duration_s += max((s.tier_load_s for s in shapes if s is not None), default=0.0)
+            compute_s = duration_s
+            if sync:  # a rank's synchronous tier loads stall the group's step (an upper
+                # bound when the loading rank is not the slowest): all land, then it computes
+                yield env.all_of([e for rank, moves in sync for e in rank.links().send(moves)])
+                duration_s = compute_s + (env.now - start_s)
             admitted = [0] * len(ranks)
             for i, (rank, plan) in enumerate(zip(ranks, plans, strict=True)):
                 if plan is None:
@@ -134,7 +172,8 @@ class DPGroup:
                     admitted[i] = schedulers[i].num_waiting
                     ahead[i] = schedulers[i].schedule(env.now)
                     admitted[i] -= schedulers[i].num_waiting
-            yield env.timeout(duration_s)
+                    ahead_sync[i] = rank.issue()
+            yield env.timeout(compute_s)
             self.log.add(start_s, duration_s,
                          [0 if p is None else len(p.request_ids) for p in plans],
                          [0 if p is None else p.shape.num_tokens for p in plans], rank_s)

@@ -95,7 +95,7 @@ def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup],
                         None if s.recorder is fleet_recorder else fleet_recorder, s.speculate,
                         s.observer, s.fast_forward, next_arrival, log,
                         frontend.detokenize_s_per_token + frontend.stream_s_per_token
-                        if frontend is not None else 0.0)
+                        if frontend is not None else 0.0, s.links)
                 for s in setups]
     for replica in replicas:
         env.process(replica.run())

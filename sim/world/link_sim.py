@@ -7,15 +7,21 @@ or finishes, the bytes left are drained to now (`drain`) and one timer is set fo
 next finish (`next_finish_s`); a stale timer (someone joined since) does nothing. The
 finish times equal `shared_finish_s` for the same issues (tests/test_kv_transfer.py).
 A free link (`bandwidth: null`) delivers after its latency.
+
+`KVLinks` is one owner's links (a replica's host and disk links), each a SharedLink made
+when a transfer first names it: it sends a scheduler's KVTransfers (tier loads) and tells
+the owner when each landed, so concurrent loads on one link share its bandwidth.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterable, Mapping
 
 import simpy
 
 from sim.config.link import Link
+from sim.core.kv_transfer import KVTransfer
 from sim.latency.kv_transfer import drain, next_finish_s
 
 
@@ -98,3 +104,45 @@ class SharedLink:
             self.bytes_sent += total
             done.succeed()
         self._rearm()
+
+
+class KVLinks:
+    """An owner's named links, each shared by the KV moves over it (sim.core.kv_transfer).
+
+    `landed(transfer, in_flight_s)` is called as each transfer arrives (the scheduler's
+    kv_landed, and a wake for the owner)."""
+
+    __slots__ = ("env", "links", "landed", "_shared")
+
+    def __init__(self, env: simpy.Environment, links: Mapping[str, Link],
+                 landed: Callable[[KVTransfer, float], None]) -> None:
+        self.env = env
+        self.links = links
+        self.landed = landed
+        self._shared: dict[str, SharedLink] = {}
+
+    def link(self, name: str) -> SharedLink:
+        """The shared link `name` (made on first use)."""
+        shared = self._shared.get(name)
+        if shared is None:
+            link = self.links.get(name)
+            if link is None:
+                raise ValueError(f"a KV transfer crosses link {name!r}; this owner has "
+                                 f"{sorted(self.links) or 'none'}")
+            shared = self._shared[name] = SharedLink(self.env, link)
+        return shared
+
+    def send(self, transfers: Iterable[KVTransfer]) -> list[simpy.Event]:
+        """Issue `transfers` now, each on its link; returns the landings of the sync ones
+        (what a step waits for)."""
+        held = []
+        for transfer in transfers:
+            landing = self.env.process(self._move(transfer))
+            if transfer.sync:
+                held.append(landing)
+        return held
+
+    def _move(self, transfer: KVTransfer):  # noqa: ANN202 - a SimPy process generator
+        issued_s = self.env.now
+        yield self.link(transfer.link).send(transfer.shard_bytes)
+        self.landed(transfer, self.env.now - issued_s)

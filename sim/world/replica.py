@@ -23,7 +23,13 @@ the slot picture) it runs step by step. The TTFT diagnosis takes a run's steps i
 before any arrival that falls after their start. Arrivals
 during a step are queued at once (sim.world.fleet submits them) and seen at
 the next schedule(). Finished requests are handed to the recorders and
-dropped, so memory follows the requests in flight, not the requests done. A
+dropped, so memory follows the requests in flight, not the requests done.
+The scheduler's KV moves (offload-tier loads, sim.core.kv_transfer) go on the
+replica's own shared links (sim.world.link_sim.KVLinks, one per link name), so loads in
+flight together share a link: an async load is sent when it is issued, and its landing
+is reported to the scheduler (kv_landed) and wakes the replica; a sync one is sent as
+its step starts, and the step computes once it has landed (its duration: the wait plus
+the latency model's time; the observer hears of the step after the wait). A
 replica's optional observer (sim.observe.trace.StepObserver) sees each
 accepted arrival and each step just before it runs: the TTFT diagnosis and
 request tracing hang there. A fleet records each step and request twice: in
@@ -32,13 +38,15 @@ its replica's recorder and in the fleet's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import simpy
 
+from sim.config.link import Link
 from sim.core.kv import KVManager
+from sim.core.kv_transfer import KVTransfer
 from sim.core.plan import StepPlan, StepResult
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
@@ -57,6 +65,7 @@ from sim.world.fleet_log import (
     after_wake_condition,
     emit_step,
 )
+from sim.world.link_sim import KVLinks
 
 SCRIPTED = StepResult()  # the simulator's outputs are scripted: no token values
 
@@ -77,6 +86,8 @@ class ReplicaSetup(NamedTuple):
     speculate: Callable[[StepPlan], StepResult] | None = None
     observer: StepObserver | None = None  # sees each accepted arrival and step (sim.observe)
     fast_forward: bool = True  # False: every step an event (the oracle fast-forward must equal)
+    # the links the scheduler's KV moves cross, by name (sim.assemble.replica_links)
+    links: Mapping[str, Link] = {}
 
 
 def _no_cache(_request: Request) -> int:
@@ -104,7 +115,9 @@ class Replica(ReplicaFastForward):
     # the frontend's output terms (detokenization, stream write): each token reaches the
     # client this long after it leaves the engine (sim.config.frontend)
     delivery_s: float = 0.0
+    links: Mapping[str, Link] = field(default_factory=dict)  # see ReplicaSetup
     _wake: simpy.Event | None = field(default=None, init=False)
+    _kv_links: KVLinks | None = field(default=None, init=False)  # made at the first KV move
     _aborts: list[int] = field(default_factory=list, init=False)  # asked during a step
     _stepping: bool = field(default=False, init=False)
     _run_arrivals: list[float] | None = field(default=None, init=False)  # during a run
@@ -199,8 +212,33 @@ class Replica(ReplicaFastForward):
             if self.fleet_log is not None:
                 self._wake_no = self.fleet_log.next_wake()
 
+    def _issue(self, take: Callable[[], tuple[KVTransfer, ...]] | None
+               ) -> tuple[KVTransfer, ...]:
+        """Send the async KV moves the last schedule() issued on this replica's shared links
+        (each landing reaches the scheduler, then wakes the replica); returns the sync ones,
+        which the plan's step sends as it starts and waits for."""
+        moves = take() if take is not None else ()
+        if not moves:
+            return ()
+        sync = tuple(t for t in moves if t.sync)
+        if len(sync) < len(moves):
+            self._links().send(t for t in moves if not t.sync)
+        return sync
+
+    def _links(self) -> KVLinks:
+        if self._kv_links is None:
+            self._kv_links = KVLinks(self.env, self.links, self._landed)
+        return self._kv_links
+
+    def _landed(self, transfer: KVTransfer, in_flight_s: float) -> None:
+        self.scheduler.kv_landed(transfer, in_flight_s)  # type: ignore[attr-defined]
+        if not transfer.sync:
+            self._wake_up()  # an async load's request may be admitted now
+
     def run(self):  # noqa: ANN201 - a SimPy process generator
         env, scheduler = self.env, self.scheduler
+        # the KV moves a schedule() issued (tier loads; sim.core.kv_transfer), if it has any
+        take = getattr(scheduler, "take_transfers", None)
         log = self.fleet_log
         recorders = (self.recorder,) if self.fleet_recorder is None or log is not None else (
             self.recorder, self.fleet_recorder)
@@ -212,13 +250,14 @@ class Replica(ReplicaFastForward):
         overlap = bool(getattr(scheduler, "async_scheduling", False))
         output_lag = getattr(self.latency, "output_lag_s", None) if overlap else None
         ahead: StepPlan | None = None  # async: the plan made while the last step ran
+        ahead_sync: tuple[KVTransfer, ...] = ()  # ... and the sync KV moves its step waits for
         delivery_s = self.delivery_s
         decode_run = scheduler.decode_run if (
             self.fast_forward and (observer is None or observer.takes_decode_runs)
             and speculate is None and (self.fleet_recorder is None or log is not None)
             and self.next_arrival is not None and not (overlap and log is not None)) else None
         while True:
-            if decode_run is not None and (run := decode_run()) is not None:
+            if decode_run is not None and not ahead_sync and (run := decode_run()) is not None:
                 # async: the run begins with the plan made ahead and leaves the one made
                 # during its last step outstanding
                 yield self._begin_run(run, recorders)
@@ -226,8 +265,11 @@ class Replica(ReplicaFastForward):
                 if overlap:
                     ahead = scheduler.ahead_plan()  # type: ignore[attr-defined]
                 continue
-            plan, ahead = (ahead, None) if ahead is not None else (scheduler.schedule(env.now),
-                                                                   None)
+            if ahead is not None:
+                plan, sync, ahead, ahead_sync = ahead, ahead_sync, None, ()
+            else:
+                plan = scheduler.schedule(env.now)
+                sync = self._issue(take)
             if plan is None:
                 self._wake = env.event()
                 wakeup_s = scheduler.next_wakeup(env.now)
@@ -250,9 +292,11 @@ class Replica(ReplicaFastForward):
                 continue
             start_s = env.now
             held = scheduler.kv_slots_held  # while the step runs: before finishers free
-            duration_s = step_time(plan.shape)
-            if plan.shape.tier_load_s:  # synchronous offload-tier loads (sim.core.offload_tier)
-                duration_s += plan.shape.tier_load_s
+            duration_s = compute_s = step_time(plan.shape)
+            self._stepping = True
+            if sync:  # synchronous tier loads: the step computes once they have landed
+                yield env.all_of(self._links().send(sync))
+                duration_s = compute_s + (env.now - start_s)
             if observer is not None:
                 observer.on_step(start_s, duration_s, plan)
             admitted = 0  # async: queued requests the next plan took (see record_step)
@@ -260,8 +304,8 @@ class Replica(ReplicaFastForward):
                 admitted = scheduler.num_waiting
                 ahead = scheduler.schedule(env.now)
                 admitted -= scheduler.num_waiting
-            self._stepping = True
-            yield env.timeout(duration_s)
+                ahead_sync = self._issue(take)
+            yield env.timeout(compute_s)
             self._stepping = False
             result = SCRIPTED if speculate is None else speculate(plan)
             done_s = env.now + delivery_s

@@ -27,7 +27,10 @@ With a prefix-caching pool an admission starting from zero computed tokens
 reuses the longest cached prefix of its prompt and output (a request
 preempted by recompute finds its own blocks) and computes only the rest;
 blocks are named as they are allocated, so an admission later in the same
-step hits a prefix scheduled before it.
+step hits a prefix scheduled before it. Blocks found in an offload tier below the
+cache are loaded back as KVTransfers the world takes (`take_transfers`) and sends
+on its links: a sync load's step waits for it; an async load's request waits
+outside the running set until the world reports it landed (`kv_landed`).
 
 The running set lives in numpy columns (running_columns.py; its pass of a step
 is running_batch.py), whose cost per step barely grows with the batch and is
@@ -47,6 +50,7 @@ from sim.core.batching import graph_batch_sizes, padded_batch_size
 from sim.core.contiguous import ContiguousAllocator
 from sim.core.decode_run import DecodeRun, RunSegment
 from sim.core.kv import KVManager, PagedBlockManager
+from sim.core.kv_transfer import KVTransfer
 from sim.core.plan import StepPlan, StepResult, StepShape
 from sim.core.request import Request, RequestState
 from sim.core.schedulers.batch_runs import apply_run, apply_run_ahead, describe_run
@@ -133,8 +137,11 @@ class ContinuousScheduler(ContinuousAdmission):
         self._outstanding: deque[StepPlan] = deque()
         self._stale: dict[int, Request] = {}
         # asynchronous offload-tier loads (sim.core.offload_tier): requests whose blocks are
-        # loading, outside the running set, with the time each load lands
-        self._loading: list[tuple[float, Request]] = []
+        # loading, outside the running set, by id, with how many of their loads are still
+        # in flight (the world reports each landing: kv_landed)
+        self._loading: dict[int, tuple[Request, int]] = {}
+        # KV moves issued and not yet taken by the world (take_transfers)
+        self._moves: list[KVTransfer] = []
 
     @property
     def speculative_tokens(self) -> int:
@@ -185,10 +192,11 @@ class ContinuousScheduler(ContinuousAdmission):
 
         A lone request whose drafts outgrow the pool preempts itself; asked again, it
         is re-admitted and recomputes (emitting a token each time round, as in vLLM).
+        An async tier load lands when the world says (kv_landed), not at a time of ours.
         """
         if self._preempted_only:
             return now
-        return min(ready_s for ready_s, _ in self._loading) if self._loading else None
+        return None  # a tier load's landing wakes the world's replica itself
 
     def close(self, now: float) -> None:
         """No more arrivals: nothing changes, every step already admits what waits."""
@@ -308,7 +316,7 @@ class ContinuousScheduler(ContinuousAdmission):
         outstanding, and none without one.
         """
         batch, n = self._batch, len(self.running)
-        if self._loading:  # a tier load lands at a time of its own: step by step
+        if self._loading or self._moves:  # KV in flight lands when the world says: step by step
             return None
         if self._async:
             return self._decode_run_ahead(max_steps) if len(self._outstanding) == 1 else None

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 
 from sim.core.kv import KVManager, PagedBlockManager
+from sim.core.kv_transfer import KVTransfer
 from sim.core.plan import StepPlan
 from sim.core.request import Request, RequestState
 from sim.core.schedulers.limits import LengthLimits
@@ -53,7 +54,8 @@ class ContinuousAdmission:
     _batch: RunningBatch
     _outstanding: deque[StepPlan]
     _stale: dict[int, Request]
-    _loading: list[tuple[float, Request]]
+    _loading: dict[int, tuple[Request, int]]
+    _moves: list[KVTransfer]
 
     def _never_fits(self, request: Request) -> str | None:
         reason = self.limits.never_fits(request, self.kv)
@@ -146,13 +148,15 @@ class ContinuousAdmission:
                     if naming is not None and naming.offload is not None:
                         tiers = naming.offload  # blocks loaded back from the offload tiers
                         tiers.note_hit(now, (hits - naming.loaded_tokens) // kv.block_size)
-                        if tiers.asynchronous and tiers.last_load_s:
+                        moves = tiers.transfers(rid)  # the world sends them (take_transfers)
+                        self._moves += moves
+                        if moves and tiers.asynchronous:
                             # vLLM's async KV load: the request waits outside the running
-                            # set, its blocks held, until the load lands; others go on
+                            # set, its blocks held, until the world says its loads landed
+                            # (kv_landed); others go on. Sync: the step waits for them
                             waiting.popleft()
-                            self._loading.append((now + tiers.last_load_s, req))
+                            self._loading[rid] = (req, len(moves))
                             continue
-                        step.tier_load_s += tiers.last_load_s  # sync: the step waits
             if naming is not None:
                 naming.cache_computed(rid, min(computed + new, known))
             waiting.popleft()
@@ -168,25 +172,24 @@ class ContinuousAdmission:
             room -= new + slots
 
     def _admit_loaded(self, room: int, step: PlanBuilder, now: float) -> int:
-        """Requests whose tier loads have landed join the running set (before the queue,
-        as vLLM schedules a request whose remote KV arrived); returns the room left."""
+        """Requests whose tier loads have all landed join the running set (before the queue,
+        as vLLM schedules a request whose remote KV arrived), in the order they were
+        parked; returns the room left."""
         kv, batch, running, slots = self.kv, self._batch, self.running, self._spec.draft_slots
         naming = self._paged
         assert naming is not None  # only a prefix-caching paged pool has tiers
-        still: list[tuple[float, Request]] = []
-        for ready_s, req in self._loading:
-            if ready_s > now or room <= slots or len(running) >= self.max_num_seqs:
-                still.append((ready_s, req))
+        loading = self._loading
+        for rid, (req, in_flight) in list(loading.items()):
+            if in_flight or room <= slots or len(running) >= self.max_num_seqs:
                 continue
-            rid = req.request_id
             counters = req.counters()
             computed, done = counters[0], counters[1]
             known = req.prompt_tokens + done
             # the blocks allocated at admission, less the budget left now
             new = min(known - computed, naming.num_slots(rid) - computed, room - slots)
             if new < known - computed and not self.chunked_prefill:
-                still.append((ready_s, req))
                 continue
+            del loading[rid]
             naming.cache_computed(rid, computed + new)
             running.append(req)
             req.state = RequestState.RUNNING
@@ -197,18 +200,37 @@ class ContinuousAdmission:
             step.add(new, computed, known, done, 0)
             batch.admitted(req, kv.block_table(rid), new, counters, computed + new == known)
             room -= new + slots
-        self._loading = still
         return room
 
     def _abort_loading(self, request_id: int, now: float) -> Request | None:
-        """Drop a request whose tier load is under way (its blocks free at once)."""
-        entry = next((e for e in self._loading if e[1].request_id == request_id), None)
+        """Drop a request whose tier load is under way (its blocks free at once; the load's
+        landing, when the world reports it, changes nothing)."""
+        entry = self._loading.pop(request_id, None)
         if entry is None:
             return None
-        self._loading.remove(entry)
         self.kv.free(request_id)
-        entry[1].abort(now)
-        return entry[1]
+        entry[0].abort(now)
+        return entry[0]
+
+    def take_transfers(self) -> tuple[KVTransfer, ...]:
+        """The KV moves issued since the last call (the world sends each on its link): a
+        sync one belongs to the plan just scheduled, which runs once it has landed."""
+        if not self._moves:
+            return ()
+        moves, self._moves = tuple(self._moves), []
+        return moves
+
+    def kv_landed(self, transfer: KVTransfer, in_flight_s: float) -> None:
+        """The world: `transfer` landed after `in_flight_s` seconds on its link. An async
+        load's request becomes admittable once all its loads have landed."""
+        tiers = self._paged.offload if self._paged is not None else None
+        if tiers is not None:
+            tiers.landed(in_flight_s)
+        if transfer.sync:
+            return
+        entry = self._loading.get(transfer.request_id)
+        if entry is not None:  # else aborted while loading
+            self._loading[transfer.request_id] = (entry[0], entry[1] - 1)
 
     def _preempt(self, req: Request) -> None:
         """Re-queue `req` at the front; its counters must be exact (the batch syncs them)."""

@@ -25,7 +25,7 @@ class PlanBuilder:
     __slots__ = ("size", "decodes", "num_new", "contexts", "prefills", "emits",
                  "chunk_tokens", "chunk_contexts", "num_decodes", "decode_sum", "decode_max",
                  "swap_out_tokens", "swap_in_tokens", "spec", "num_spec_decodes",
-                 "spec_tokens", "spec_depth", "spec_context_sum", "tier_load_s")
+                 "spec_tokens", "spec_depth", "spec_context_sum")
 
     def __init__(self) -> None:
         self.size = 0  # sequences in the step
@@ -42,7 +42,6 @@ class PlanBuilder:
         self.swap_out_tokens = self.swap_in_tokens = 0
         self.spec: list[int] | None = None  # k_i per sequence, once one drafts
         self.num_spec_decodes = self.spec_tokens = self.spec_depth = self.spec_context_sum = 0
-        self.tier_load_s = 0.0  # synchronous offload-tier loads of the step's admissions
 
     def add(self, new: int, computed: int, known: int, output_done: int, spec: int = 0) -> None:
         """Append one sequence with these pre-step counters (`known`: prompt + output done);
@@ -93,8 +92,7 @@ class PlanBuilder:
         shape = StepShape(tuple(self.chunk_tokens), tuple(self.chunk_contexts), self.num_decodes,
                           self.decode_sum, self.decode_max, max(padded_batch, n),
                           self.swap_out_tokens, self.swap_in_tokens, self.num_spec_decodes,
-                          self.spec_tokens, self.spec_depth, self.spec_context_sum,
-                          self.tier_load_s)
+                          self.spec_tokens, self.spec_depth, self.spec_context_sum)
         head = self.decodes
         num_new, prefills, emits = tuple(self.num_new), tuple(self.prefills), tuple(self.emits)
         if head:

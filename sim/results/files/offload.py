@@ -4,8 +4,9 @@ Per run, summed over replicas, per tier (host, then disk when configured): block
 down into the tier (the GPU's evictions into host, the host's LRU drops into disk) and
 loaded back to the GPU, with their bytes (all GPU shards); the share of admissions that
 loaded at least one block from the tier (its hit rate, by lookup). `load_s` is the
-seconds the loads cost, each admission's load priced as the steps priced it
-(sim.latency.kv_transfer.tier_load_s, summed by the pool as it loaded). `hits_over_time`
+seconds the loads were in flight, each tier's load a KVTransfer on the replica's shared
+link for that tier (sim.world.link_sim), summed as the world reported each landing
+(TierStack.landed). `hits_over_time`
 buckets the blocks each admission found in the GPU cache and in each tier over the run
 (the kv_tiers.png plot, sim.plots.kv_tiers).
 """

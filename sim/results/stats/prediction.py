@@ -145,6 +145,17 @@ def prediction_block(ci95: Mapping[str, Any], d: Domain, table: ModelErrorTable,
     return out
 
 
+def check_confidence(value: float | None, field: str) -> float | None:
+    """The one check of a confidence, whether a compare spec's `confidence:` or `--confidence`
+    states it (`field` names which): a one-sided probability in [0.5, 1). Below 0.5 the
+    "upper bound" would sit under the estimate; 1 has no finite bound. ValueError otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.5 <= value < 1:
+        raise ValueError(f"{field}: a probability in [0.5, 1), e.g. 0.95; got {value!r}")
+    return float(value)
+
+
 def confident_upper(summary: Mapping[str, Any], key: str, confidence: float,
                     table: ModelErrorTable) -> tuple[float | None, str]:
     """The `confidence` upper bound of a summary figure's true value, or None and why not."""
