@@ -89,12 +89,7 @@ class Rank:
         the sync ones, which the group's step waits for (as a replica's, Replica._issue)."""
         take = getattr(self.setup.scheduler, "take_transfers", None)
         moves = take() if take is not None else ()
-        if not moves:
-            return ()
-        sync = tuple(t for t in moves if t.sync)
-        if len(sync) < len(moves):
-            self.links().send(t for t in moves if not t.sync)
-        return sync
+        return self.links().issue(moves) if moves else ()
 
     def links(self) -> KVLinks:
         if self.kv_links is None:

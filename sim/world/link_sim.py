@@ -16,7 +16,7 @@ the owner when each landed, so concurrent loads on one link share its bandwidth.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import simpy
 
@@ -141,6 +141,14 @@ class KVLinks:
             if transfer.sync:
                 held.append(landing)
         return held
+
+    def issue(self, moves: Sequence[KVTransfer]) -> tuple[KVTransfer, ...]:
+        """Send the async `moves` a schedule() issued now; return the sync ones, which the
+        plan's step sends as it starts and waits for (a replica's and a DP rank's rule)."""
+        sync = tuple(t for t in moves if t.sync)
+        if len(sync) < len(moves):
+            self.send(t for t in moves if not t.sync)
+        return sync
 
     def _move(self, transfer: KVTransfer):  # noqa: ANN202 - a SimPy process generator
         issued_s = self.env.now

@@ -218,12 +218,7 @@ class Replica(ReplicaFastForward):
         (each landing reaches the scheduler, then wakes the replica); returns the sync ones,
         which the plan's step sends as it starts and waits for."""
         moves = take() if take is not None else ()
-        if not moves:
-            return ()
-        sync = tuple(t for t in moves if t.sync)
-        if len(sync) < len(moves):
-            self._links().send(t for t in moves if not t.sync)
-        return sync
+        return self._links().issue(moves) if moves else ()
 
     def _links(self) -> KVLinks:
         if self._kv_links is None:
