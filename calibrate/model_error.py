@@ -146,7 +146,9 @@ def _provenance(runs: Sequence[RealRun], fit_path: Path, source: str) -> dict[st
             "date": date.today().isoformat(), "script": "python -m calibrate.model_error"}
 
 
-HEADLINE = ("ttft_p50", "tpot", "e2e_mean")
+# the held-out errors the README quotes (a second HEADLINE here once shadowed the first, so
+# the coverage check counted three metrics under the label of four)
+QUOTED = ("ttft_p50", "tpot", "e2e_mean")
 
 
 def held_out_line(residuals: Sequence[Residual]) -> str:
@@ -157,7 +159,7 @@ def held_out_line(residuals: Sequence[Residual]) -> str:
         errs = sorted(abs(math.exp(r.log_errors[metric]) - 1.0) for r in residuals)
         mid = len(errs) // 2
         return 100.0 * (errs[mid] if len(errs) % 2 else (errs[mid - 1] + errs[mid]) / 2)
-    parts = ", ".join(f"{m} {median_pct(m):.1f}%" for m in HEADLINE)
+    parts = ", ".join(f"{m} {median_pct(m):.1f}%" for m in QUOTED)
     return f"held out, median absolute error over {len(residuals)} steady stages: {parts}"
 
 

@@ -35,12 +35,9 @@ from calibrate.real_runs import (
 )
 
 # Stages the bounds do not hold for yet, and why; each must still miss (so the
-# test says when one is fixed). The bounds hold for every other stage.
-KNOWN_MISSES = {
-    "llama-2-70b-tp4@20": "Llama-2-70B at tp 4: the roofline's kernel fit (tp 1-2 data) prices "
-                          "its decode step ~15% slow, so concurrency passes the 128 seats the "
-                          "real server ran 112 of, and the queue grows",
-}
+# test says when one is fixed). The bounds hold for every other stage. Empty since a mixed
+# step's attention is one kernel (Llama-2-70B tp 4 at 20 req/s was the last miss).
+KNOWN_MISSES: dict[str, str] = {}
 
 needs_runs = pytest.mark.skipif(not (DEFAULT_DIR / RUNS_FILE).is_file(), reason=MISSING)
 

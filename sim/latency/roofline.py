@@ -3,8 +3,10 @@
 Needs nothing but a ModelSpec and a HardwareSpec, so it is the default when no
 calibration table exists. The terms (sim.latency.roofline_terms) price every
 layer's GEMMs (a soft maximum of weight-read time and compute by waves of
-padded tiles, with a launch each), its small kernels and its attention (a
-decode kernel and a prefill kernel, each where the step has them), then
+padded tiles, with a launch each), its small kernels and its attention (one
+kernel a layer: the decode kernel when only decodes run, else one prefill-style
+kernel over every sequence, as vLLM V1's FlashAttention backend runs a mixed
+batch in one varlen call), then
 lm_head and sampling once, a CPU overhead per step and per sequence, and the
 tensor-parallel all-reduces. Their constants are fitted per GPU family on
 published A100 and H100 kernel timings (`python -m calibrate.published.fit_roofline`);

@@ -59,7 +59,7 @@ class RooflineParams:
 # on calibration/real_runs/, docs/real_servers.md); one value for every GPU family: the host's
 # time per step (the per-sequence term stays Vidur's), and under async scheduling the share of
 # it still serial with the GPU.
-HOST_STEP_S = 0.003
+HOST_STEP_S = 0.002
 HOST_SEQ_S = 4.13e-05
 HOST_SERIAL_SHARE = 0.0
 

@@ -161,10 +161,16 @@ class RooflineParts:
 
     def _attention_s(self, decode: tuple[float, float], prefill: tuple[float, float]
                      ) -> float:
-        """Every attending layer's decode kernel and prefill kernel (each where it runs)."""
-        seconds = self._decode_attention.seconds(*decode) if decode[0] else 0.0
-        if prefill[0]:
-            seconds += self._prefill_attention.seconds(*prefill)
+        """Every attending layer's attention: one kernel a layer. Decodes alone run the
+        decode kernel; a step with a prefill chunk runs one prefill-style kernel over every
+        sequence's pairs and KV (vLLM V1's FlashAttention backend calls
+        flash_attn_varlen_func once for the whole mixed batch), so it pays one launch and
+        one minimum, not a decode kernel's and a prefill kernel's."""
+        if not prefill[0]:
+            seconds = self._decode_attention.seconds(*decode) if decode[0] else 0.0
+        else:
+            seconds = self._prefill_attention.seconds(decode[0] + prefill[0],
+                                                      decode[1] + prefill[1])
         return self._attn_layers * seconds
 
     def _parts(self, shape: StepShape) -> tuple[float, ...]:
