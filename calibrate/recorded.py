@@ -46,7 +46,7 @@ class RecordedSteps:
     name: str = "the engine's recorded step times"
     _next: int = field(default=0, init=False)
 
-    def step_time(self, shape: StepShape) -> float:
+    def step_time(self, shape: StepShape, moved_s: float = 0.0) -> float:
         if self._next >= len(self.steps):
             raise Diverged(f"the simulator ran a step {self._next + 1} ({shape}); the engine "
                            f"ran {len(self.steps)}")
@@ -55,7 +55,7 @@ class RecordedSteps:
             raise Diverged(f"step {self._next + 1}: the simulator planned {shape}, the engine "
                            f"ran {log.shape}")
         self._next += 1
-        return log.duration_s
+        return log.duration_s + moved_s if moved_s else log.duration_s
 
     def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
         """Recorded times answer step by step only (resimulate turns fast-forward off)."""

@@ -107,7 +107,7 @@ def build_block_manager(scenario: Scenario, budget: KVBudget) -> KVManager:
     return PagedBlockManager(num_blocks, kv.block_size, kv.watermark,
                              enable_prefix_cache=kv.prefix_caching, host_swap_blocks=host_blocks,
                              offload_blocks=offload_blocks, offload_disk_blocks=disk_blocks,
-                             offload_block_shard_bytes=budget.kv_bytes_per_token * kv.block_size,
+                             block_shard_bytes=budget.kv_bytes_per_token * kv.block_size,
                              offload_async=kv.offload_load == "async")
 
 
@@ -196,13 +196,9 @@ def build_latency(scenario: Scenario, base_dir: Path | None = None) -> LatencyMo
         from sim.latency.table_files import open_table_latency  # a table's reader, for tables
         from sim.latency.table_format import TableError
 
-        model, tp = scenario.model_spec, scenario.hardware.count
-        # swaps cross the scenario GPU's host link, as in the roofline model
-        swap_s_per_token = (kv_bytes_per_token(model, tp=tp)
-                            / scenario.hardware_spec.host_link_bandwidth_bytes_per_s)
         try:
-            return open_table_latency((base_dir or Path.cwd()) / cfg.path, model,
-                                      scenario.kv.block_size, tp, swap_s_per_token,
+            return open_table_latency((base_dir or Path.cwd()) / cfg.path, scenario.model_spec,
+                                      scenario.kv.block_size, scenario.hardware.count,
                                       cfg.step_overhead_ms, cfg.seq_overhead_ms)
         except TableError as err:
             raise TableError(f"latency.path: {err}") from None

@@ -30,11 +30,11 @@ class FixedLatency:
         self.max_steps = max_steps
         self.shapes: list[StepShape] = []
 
-    def step_time(self, shape: StepShape) -> float:
+    def step_time(self, shape: StepShape, moved_s: float = 0.0) -> float:
         self.shapes.append(shape)
         if len(self.shapes) > self.max_steps:
             raise RuntimeError("simulation did not end: livelock")
-        return self.step_s
+        return self.step_s + moved_s
 
     def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
         return np.full(steps, self.step_s)

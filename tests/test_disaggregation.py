@@ -54,6 +54,21 @@ def test_every_request_finishes_once_with_its_prefill_ttft() -> None:
     assert set(dis["pools"]) == {"prefill", "decode"}
 
 
+def test_each_pools_queue_is_its_own() -> None:
+    """The decode pool's queue runs from a transfer's landing to its decode admission, a
+    part of the second token's gap; the prefill pool's from arrival to prefill admission,
+    which an overloaded prefill instance (rate 20, prompts to 3000) makes the longer."""
+    s = run_scenario(_scenario(workload={
+        "arrivals": {"process": "poisson", "rate": 20.0},
+        "prompt_tokens": {"dist": "uniform", "low": 200, "high": 3000},
+        "output_tokens": {"dist": "uniform", "low": 2, "high": 60}, "num_requests": 80}),
+        show_progress=False).summary["disaggregation"]
+    prefill, decode = s["pools"]["prefill"], s["pools"]["decode"]
+    assert 0 <= decode["mean_queue_ms"] <= decode["p99_queue_ms"]
+    assert decode["p99_queue_ms"] <= s["p99_second_token_gap_ms"]
+    assert prefill["p99_queue_ms"] > 5 * decode["p99_queue_ms"]
+
+
 def test_a_slower_link_lengthens_transfers_and_the_second_token() -> None:
     fast = run_scenario(_scenario(), show_progress=False).summary["disaggregation"]
     slow_link = {"kind": "tcp", "bandwidth_bytes_per_s": 1.0e9, "latency_s": 1.0e-4}

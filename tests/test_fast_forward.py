@@ -48,8 +48,8 @@ class PowerOfTwo:
 
     name = "power-of-two"
 
-    def step_time(self, shape: StepShape) -> float:
-        return (1 + shape.num_tokens // 8 + shape.decode_context_max // 64) / 1024
+    def step_time(self, shape: StepShape, moved_s: float = 0.0) -> float:
+        return (1 + shape.num_tokens // 8 + shape.decode_context_max // 64) / 1024 + moved_s
 
     def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
         return each_step_s(self.step_time, shape, steps)

@@ -246,6 +246,39 @@ def test_a_run_that_serves_nothing_exits_2(capsys: pytest.CaptureFixture[str]) -
     assert "every request was rejected" in err and "max_model_len" in err, err
 
 
+def test_a_sweep_point_that_serves_nothing_exits_2_after_writing(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """As `run`: the grid point where every request was rejected is named with the reason,
+    the exit code is 2, and the table keeps every point (nothing lost)."""
+    code, out, err = cli(capsys, "sweep", "s.yaml", "--grid",
+                         "workload.prompt_tokens.value=100,9000", "--jobs", "1", "--quiet",
+                         "--out", "sw")
+    assert code == 2, (out, err)
+    assert "Traceback" not in err
+    assert "workload.prompt_tokens.value=9000" in err and "every request was rejected" in err
+    assert "value=100:" not in err and "max_model_len" in err, err
+    assert len(Path("sw/sweep.csv").read_text().splitlines()) == 3  # header + both points
+
+
+def test_a_compare_variant_that_serves_nothing_exits_2_after_writing(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = "".join(f"  {line}\n" for line in SMALL.strip().splitlines())
+    Path("c.yaml").write_text("scenario:\n" + scenario + """variants:
+  - name: fits
+    set: {}
+  - name: too_short
+    set: {scheduler.max_model_len: 50}
+rates: [2]
+""")
+    code, out, err = cli(capsys, "compare", "c.yaml", "--jobs", "1", "--quiet", "--no-plots",
+                         "--out", "cmp")
+    assert code == 2, (out, err)
+    assert "Traceback" not in err
+    assert "'too_short' at 2 req/s" in err and "every request was rejected" in err, err
+    assert "'fits'" not in err
+    assert Path("cmp/compare.csv").exists()
+
+
 # Item 7: the same percentile, a partial workload
 
 

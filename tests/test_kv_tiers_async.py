@@ -122,7 +122,7 @@ def _run_alone(sched: ContinuousScheduler, req: Request, now: float) -> None:
 def _pool_with_spilled_prefix(asynchronous: bool) -> ContinuousScheduler:
     """A 6-block pool where request 1 evicted some of request 0's blocks to the host tier."""
     kv = PagedBlockManager(7, 16, enable_prefix_cache=True, offload_blocks=50,
-                           offload_block_shard_bytes=1000.0, offload_async=asynchronous)
+                           block_shard_bytes=1000.0, offload_async=asynchronous)
     sched = ContinuousScheduler(kv, max_num_seqs=8, max_num_batched_tokens=512)
     _run_alone(sched, _request(0, (1, 2, 3, 4)), 0.0)
     _run_alone(sched, _request(1, (5, 6, 7, 8)), 1.0)  # evicts request 0's blocks
@@ -201,7 +201,7 @@ def _two_loads(asynchronous: bool, *, alone: bool = False) -> tuple[list[Request
     if `alone`), through one replica whose host link carries both; returns them and the
     tier's summed load time."""
     kv = PagedBlockManager(7, 16, enable_prefix_cache=True, offload_blocks=50,
-                           offload_block_shard_bytes=4000.0, offload_async=asynchronous)
+                           block_shard_bytes=4000.0, offload_async=asynchronous)
     sched = ContinuousScheduler(kv, max_num_seqs=8, max_num_batched_tokens=512)
     # each filler of 6 blocks evicts the whole GPU cache into the tier
     for i, ids in enumerate([(1, 2, 3), (20, 21, 22, 23, 24, 25), (5, 6, 7),
@@ -249,7 +249,7 @@ def test_every_request_finishes_and_blocks_stay_conserved(
     no request is lost or stuck, the pool's invariants hold after every step, and at the
     end every block is free again."""
     kv = PagedBlockManager(12, 16, enable_prefix_cache=True, offload_blocks=host_blocks,
-                           offload_disk_blocks=disk_blocks, offload_block_shard_bytes=1.0,
+                           offload_disk_blocks=disk_blocks, block_shard_bytes=1.0,
                            offload_async=asynchronous)
     sched = ContinuousScheduler(kv, max_num_seqs=4, max_num_batched_tokens=64)
     for rid, (ids, output) in enumerate(requests):

@@ -117,13 +117,51 @@ def test_an_owners_links_share_each_named_link_and_keep_others_apart() -> None:
     size = 4.0e8
     moves = [KVTransfer(i, 8, size, link, "gpu", link, sync=i == 0)
              for i, link in ((0, "host"), (1, "host"), (2, "disk"))]
-    held = links.send(moves)
-    assert len(held) == 1  # only the sync one is what a step waits for
+    sync = links.issue(moves)  # the async ones go now, alone
+    assert sync == (moves[0],)  # the sync one is the step's (send_step)
+    step = links.send_step(sync)
+    assert step.alone_s == kv_transfer_s(host, size)  # what the step's price holds
+    late: list[float] = []
+
+    def stepping():  # noqa: ANN202 - the step's priced end, then its lateness
+        yield env.timeout(step.alone_s)
+        late.append((yield from step.late_s(env)))
+
+    env.process(stepping())
     env.run()
     shared = shared_finish_s(host, [0.0, 0.0], [size, size])
     assert landed[(0, "host")] == pytest.approx(shared[0])
     assert landed[(1, "host")] == pytest.approx(shared[1])
     assert shared[0] > kv_transfer_s(host, size)  # later than alone
+    assert late == [pytest.approx(shared[0] - step.alone_s)] and late[0] > 0
     assert landed[(2, "disk")] == pytest.approx(kv_transfer_s(disk, size))
     with pytest.raises(ValueError, match="'nvme'"):
         links.link("nvme")
+
+
+def test_a_steps_moves_alone_on_their_links_are_never_late() -> None:
+    """A step's sync moves with the links to themselves: one transfer per link (the host
+    link's two moves go together), priced as the slowest link, and 0.0 late to the bit."""
+    env = simpy.Environment()
+    host, disk = get_link("pcie5"), Link("pcie", 7e9, 1e-4, generation=4)
+    landed: list[tuple[int, float]] = []
+    links = KVLinks(env, {"host": host, "disk": disk},
+                    lambda t, s: landed.append((t.request_id, s)))
+    moves = (KVTransfer(0, 8, 3.0e8, "gpu", "swap", "host", sync=True),
+             KVTransfer(1, 8, 1.0e8, "swap", "gpu", "host", sync=True),
+             KVTransfer(2, 8, 1.0e8, "disk", "gpu", "disk", sync=True))
+    step = links.send_step(moves)
+    assert step.alone_s == max(kv_transfer_s(host, 4.0e8), kv_transfer_s(disk, 1.0e8))
+    late: list[float] = []
+
+    def stepping():  # noqa: ANN202
+        yield env.timeout(step.alone_s)
+        late.append((yield from step.late_s(env)))
+
+    env.process(stepping())
+    env.run()
+    assert late == [0.0]
+    assert sorted(r for r, _ in landed) == [0, 1, 2]
+    by_id = dict(landed)
+    assert by_id[0] == by_id[1] == pytest.approx(kv_transfer_s(host, 4.0e8))
+    assert by_id[2] == pytest.approx(kv_transfer_s(disk, 1.0e8))

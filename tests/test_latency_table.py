@@ -16,7 +16,13 @@ from hypothesis import strategies as st
 
 from calibrate.fit import fit_table
 from calibrate.profile.synthetic import SyntheticCost, write_synthetic_table
-from sim.assemble import build_block_manager, build_latency, build_scheduler, kv_budget
+from sim.assemble import (
+    build_block_manager,
+    build_latency,
+    build_scheduler,
+    kv_budget,
+    replica_links,
+)
 from sim.cli import main
 from sim.config.catalogue import get_model
 from sim.config.costs import kv_bytes_per_token
@@ -24,10 +30,13 @@ from sim.config.loader import load_scenario
 from sim.config.scenario import Scenario
 from sim.config.yaml_input import ScenarioError
 from sim.core.decode_run import decode_shape
+from sim.core.kv import PagedBlockManager
+from sim.core.kv_transfer import swap_move
 from sim.core.plan import StepShape
 from sim.experiments.run import run_scenario
 from sim.latency import LatencyModel, TableLatency, table_files
 from sim.latency import table_format as tf
+from sim.latency.kv_transfer import step_moves_s
 from sim.latency.table import ErrorStats, TableFit
 from sim.latency.table_files import (
     load_table,
@@ -258,13 +267,16 @@ def test_table_latency_is_a_latency_model_named_after_its_table(table_dir: Path)
     assert model.step_time(StepShape()) == 0.0
 
 
-def test_swaps_add_host_link_time(table_dir: Path) -> None:
-    model = open_table_latency(table_dir, TINY, 16, swap_s_per_token=1e-6)
+def test_a_steps_kv_moves_add_their_link_time(table_dir: Path) -> None:
+    """The step's sync KV moves (swaps, sync tier loads) come in priced (moved_s) and are
+    added whole; the shape's swap counts alone price nothing (they are counts)."""
+    model = open_table_latency(table_dir, TINY, 16)
     shape = StepShape(num_decodes=4, decode_context_sum=400, decode_context_max=100,
                       padded_batch=4)
     swapped = shape._replace(swap_out_tokens=32, swap_in_tokens=16)
-    assert model.step_time(swapped) - model.step_time(shape) == pytest.approx(48e-6)
-    assert model.step_time(StepShape(swap_in_tokens=10)) == pytest.approx(1e-5)
+    assert model.step_time(swapped) == model.step_time(shape)
+    assert model.step_time(swapped, 48e-6) - model.step_time(shape) == pytest.approx(48e-6)
+    assert model.step_time(StepShape(swap_in_tokens=10), 1e-5) == 1e-5
 
 
 def test_speculative_verify_costs_its_query_tokens(table_dir: Path) -> None:
@@ -341,8 +353,8 @@ class Spy:
     def __init__(self, inner: TableLatency) -> None:
         self.inner, self.name, self.calls = inner, inner.name, []
 
-    def step_time(self, shape: StepShape) -> float:
-        seconds = self.inner.step_time(shape)
+    def step_time(self, shape: StepShape, moved_s: float = 0.0) -> float:
+        seconds = self.inner.step_time(shape, moved_s)
         self.calls.append((shape, seconds))
         return seconds
 
@@ -364,7 +376,7 @@ def test_scheduler_shapes_get_positive_finite_times(table_dir: Path, fields: dic
     latency = build_latency(scenario, table_dir.parent)
     spy = Spy(latency)
     simulate(make_requests(scenario.workload, scenario.seed), build_scheduler(scenario, kv),
-             spy, RunRecorder())
+             spy, RunRecorder(), links=replica_links(scenario))
     assert len(spy.calls) >= 200
     assert all(math.isfinite(s) and s > 0 for _, s in spy.calls)
     if "preemption" in str(fields):
@@ -424,11 +436,16 @@ def test_scenario_latency_section_is_validated(tmp_path: Path, latency: dict,
 
 def test_swap_cost_follows_the_scenario_gpu(table_dir: Path) -> None:
     scenario = small_scenario(table_dir.name)
-    latency = build_latency(scenario, table_dir.parent)
-    assert isinstance(latency, TableLatency)
-    expected = (kv_bytes_per_token(TINY)
-                / scenario.hardware_spec.host_link_bandwidth_bytes_per_s)
-    assert latency.swap_s_per_token == pytest.approx(expected)
+    """A table prices no swap itself: a swapped block's shard crosses the scenario GPU's
+    host link (replica_links), priced as every KV move (step_moves_s -> moved_s)."""
+    kv = build_block_manager(scenario, kv_budget(scenario))
+    assert isinstance(kv, PagedBlockManager)
+    assert kv.block_shard_bytes == kv_bytes_per_token(TINY) * scenario.kv.block_size
+    host = replica_links(scenario)["host"]
+    assert host == scenario.hardware_spec.host_link
+    move = swap_move(0, 3, kv.block_shard_bytes)
+    assert step_moves_s({"host": host}, [move]) == pytest.approx(
+        host.latency_s + 3 * kv.block_shard_bytes / host.bandwidth_bytes_per_s)
 
 
 def test_verify_term_prices_each_drafting_sequence(table_dir: Path, tmp_path: Path) -> None:

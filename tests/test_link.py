@@ -21,7 +21,9 @@ from sim.config.catalogue import (
 from sim.config.link import Link, all_to_all_s, allreduce_bus_bytes, allreduce_s, transfer_s
 from sim.config.loader import validate_scenario
 from sim.config.yaml_input import ScenarioError
+from sim.core.kv_transfer import swap_move
 from sim.core.plan import StepShape
+from sim.latency.kv_transfer import step_moves_s
 from sim.latency.roofline import RooflineLatency
 
 PCIE = Link("pcie", 25e9, 10e-6, generation=4)
@@ -161,8 +163,11 @@ def test_swaps_cross_the_host_link() -> None:
     hw = dataclasses.replace(get_hardware("h100-sxm"), host_link=host)
     roof = RooflineLatency(get_model("llama-3-8b"), hw)
     moved = StepShape((), (), 4, 400, 100, 4, swap_out_tokens=64, swap_in_tokens=32)
-    kv_bytes = 96 * 2 * 32 * 8 * 128 * 2  # tokens x (K, V) x layers x kv heads x dim x bf16
-    assert roof.swap_time_s(moved) == pytest.approx(30e-6 + kv_bytes / 20e9, rel=1e-12)
+    per_token = 2 * 32 * 8 * 128 * 2  # (K, V) x layers x kv heads x dim x bf16
+    moves = [swap_move(0, 4, 16 * per_token), swap_move(1, 2, 16 * per_token, swap_in=True)]
+    moved_s = step_moves_s({"host": hw.host_link}, moves)  # one transfer: latency once
+    assert moved_s == pytest.approx(30e-6 + 96 * per_token / 20e9, rel=1e-12)
+    assert roof.step_time(moved, moved_s) - roof.step_time(moved) == pytest.approx(moved_s)
 
 
 def test_a_gpu_mapping_takes_links_and_the_old_bandwidth_fields() -> None:

@@ -133,7 +133,7 @@ def test_breakdown_adds_up_to_step_time(shape: StepShape) -> None:
     parts = ROOF.breakdown(shape)
     assert parts["total_s"] == pytest.approx(ROOF.step_time(shape))
     expected = sum(parts[k] for k in ("gemm_s", "small_s", "attention_s", "lm_head_s",
-                                      "overhead_s", "allreduce_s", "swap_s"))
+                                      "overhead_s", "allreduce_s"))
     assert parts["total_s"] == pytest.approx(expected)
 
 

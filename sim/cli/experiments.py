@@ -1,13 +1,15 @@
 """`servesim compare SPEC` and `servesim sweep SCENARIO --grid ...`: many runs in parallel.
 
 Both share the backend options (loky processes here, or a Dask or Ray
-cluster); a bad grid, spec or output directory exits 2 before any run starts.
+cluster); a bad grid, spec or output directory exits 2 before any run starts, and a run
+where every request was rejected exits 2 once the results are written (as `run`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from sim.cli.run import add_force_option, out_dir_of
@@ -83,7 +85,7 @@ def _sweep(args: argparse.Namespace) -> int:
         print(markdown_table(table[short]), end="")
         reused = table.attrs.get("reused", 0)
         print(f"{len(table)} runs ({reused} reused from {CACHE_DIR}/); results in {out_dir}/")
-    return 0
+    return _served_nothing(table.attrs["nothing_served"], out_dir)
 
 
 def add_compare(sub: argparse._SubParsersAction) -> None:
@@ -135,4 +137,16 @@ def _compare(args: argparse.Namespace) -> int:
             print(base.confidence_note)
         print(f"{len(result.probes)} runs ({result.reused} reused from {CACHE_DIR}/); "
               f"results in {out_dir}/")
+    return _served_nothing(result.nothing_served, out_dir)
+
+
+def _served_nothing(runs: Sequence[str], out_dir: Path) -> int:
+    """Exit 2, naming each run where every request was rejected (as `run` does), once the
+    results are written; else 0."""
+    for run in runs:
+        print(f"error: {run}", file=sys.stderr)
+    if runs:
+        print(f"error: {len(runs)} run(s) served nothing (their files, the reasons per "
+              f"request among them, are in {out_dir}/)", file=sys.stderr)
+        return 2
     return 0

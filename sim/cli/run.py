@@ -42,7 +42,7 @@ def _run(args: argparse.Namespace) -> int:
     from sim.experiments.outputs import write_outputs
     from sim.experiments.run import run_scenario
     from sim.results.files.output_dir import OutputDirError, Staging, variant_dir
-    from sim.results.files.report import format_summary, jsonable
+    from sim.results.files.report import format_summary, jsonable, nothing_served
 
     try:
         scenario, base_dir = load_scenario(args.scenario, args.overrides)
@@ -90,7 +90,7 @@ def _run(args: argparse.Namespace) -> int:
             return 2
         write_outputs(result, stage.path, plots=scenario.output.plots and not args.no_plots)
         stage.commit()
-    served = _nothing_served(result.summary)
+    served = nothing_served(result.summary)
     if served is not None:  # no latency to report: a "Benchmark duration" would mislead
         print(f"error: {args.scenario or 'default scenario'}: {served}; its files (the "
               f"reasons per request in requests.csv) are in {out_dir}/", file=sys.stderr)
@@ -105,19 +105,6 @@ def _run(args: argparse.Namespace) -> int:
         print(format_summary(jsonable(result.summary)))
         print(f"simulated in {result.wall_s:.2f} s wall; results in {out_dir}/")
     return 0
-
-
-def _nothing_served(summary: dict) -> str | None:
-    """Why no request finished, when none did, naming the commonest rejection reason."""
-    if summary.get("completed") != 0:
-        return None
-    reasons = summary.get("rejection_reasons") or {}
-    rejected = summary.get("rejected", 0)
-    if not reasons:
-        return f"no request finished ({rejected} rejected)"
-    reason, count = max(reasons.items(), key=lambda item: item[1])
-    return (f"every request was rejected ({rejected}; {count} for: {reason}), so nothing "
-            "was served: fix the workload or the limits")
 
 
 def out_dir_of(flag: str | None, configured: str | None, default: Path,

@@ -17,7 +17,7 @@ and `wait_until` lets a wall-clock world sleep until an arrival. The engine's
 replay (gpu_engine.replay_loop) and the tests (`run_steps`) drive through here.
 
 It is synchronous: schedule() and on_step_done() alternate, one step at a time.
-KV moves the scheduler issues (offload-tier loads, `take_transfers`) land at once,
+KV moves the scheduler issues (swaps, offload-tier loads, `take_transfers`) land at once,
 free: the real engine moves no KV between tiers, and a test driver has no links.
 A scheduler built with `async_scheduling` (vLLM's default, the continuous
 policy's unless the scenario says false) never gets a plan scheduled ahead here,
@@ -83,7 +83,7 @@ def drive(scheduler: Scheduler, requests: Iterable[Request], step: Step,
     take_moves = getattr(scheduler, "take_transfers", None)
 
     def land_moves() -> bool:
-        """The KV moves the scheduler issued (offload-tier loads) land at once: this
+        """The KV moves the scheduler issued (swaps, offload-tier loads) land at once: this
         driver has no links to price them on (the SimPy world does, sim.world.link_sim)."""
         moves = take_moves() if take_moves is not None else ()
         for move in moves:

@@ -46,6 +46,15 @@ class KVTransfer:
             raise ValueError(f"a transfer moves between two owners, got {self.src!r} twice")
 
 
+def swap_move(request_id: int, num_blocks: int, block_shard_bytes: float,
+              swap_in: bool = False) -> KVTransfer:
+    """Swap preemption's copy of `num_blocks` blocks between the GPU pool and the host swap
+    pool ("swap"), over the host link; the step that swaps waits for it (sync)."""
+    src, dst = ("swap", "gpu") if swap_in else ("gpu", "swap")
+    return KVTransfer(request_id, num_blocks, num_blocks * block_shard_bytes, src, dst,
+                      "host", sync=True)
+
+
 class TransferLedger:
     """Where each moving request's blocks are: at rest with one owner, or in flight."""
 

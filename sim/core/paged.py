@@ -21,13 +21,14 @@ class PagedBlockManager:
     `watermark`: vLLM's `SchedulerConfig.watermark`, the share of the pool
     (null block included) an admission must leave free while others run.
     `host_swap_blocks`: blocks the host pool holds for swap preemption (0 = none).
+    `block_shard_bytes`: one GPU's shard of a block, what a swapped or offload-loaded
+    block puts on its link (as a KVTransfer, sim.core.kv_transfer, that the world sends).
     """
 
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0,
                  enable_prefix_cache: bool = False, host_swap_blocks: int = 0,
                  offload_blocks: int = 0, offload_disk_blocks: int = 0,
-                 offload_block_shard_bytes: float = 0.0,
-                 offload_async: bool = False) -> None:
+                 block_shard_bytes: float = 0.0, offload_async: bool = False) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (one is the null block), got {num_blocks}")
         if block_size < 1:
@@ -41,6 +42,7 @@ class PagedBlockManager:
         self.watermark_blocks = int(watermark * num_blocks)
         self.enable_prefix_cache = enable_prefix_cache
         self.host_swap_blocks = host_swap_blocks
+        self.block_shard_bytes = block_shard_bytes
         self._queue = FreeQueue(num_blocks)
         # holders per block; only a prefix cache shares blocks, so without one a block is
         # held by at most one table and the count (0 or 1) is left to the tables: taking
@@ -55,13 +57,12 @@ class PagedBlockManager:
         self.num_swapped_out_blocks = 0
         self.num_swapped_in_blocks = 0
         # the offload tiers under the prefix cache, host then disk (sim/core/offload_tier.py),
-        # each loaded block puts `offload_block_shard_bytes` (one GPU's shard) on its tier's
-        # link, as a KVTransfer the world sends; None: no tier
+        # each loaded block puts `block_shard_bytes` on its tier's link; None: no tier
         self.offload: TierStack | None = None
         if offload_blocks and enable_prefix_cache:
             sizes = (offload_blocks, offload_disk_blocks) if offload_disk_blocks else (
                 offload_blocks,)
-            self.offload = TierStack(sizes, offload_block_shard_bytes, offload_async)
+            self.offload = TierStack(sizes, block_shard_bytes, offload_async)
         self.loaded_tokens = 0  # tokens the last allocate() loaded from the offload tier
 
     # -- sizes ---------------------------------------------------------------

@@ -35,6 +35,7 @@ from sim.experiments.sweep import (
     open_backend,
     write_table,
 )
+from sim.results.files.report import nothing_served
 from sim.results.files.steady import window_columns
 
 __all__ = ["CompareResult", "load_spec", "run_compare", "write_compare"]
@@ -109,6 +110,7 @@ class _Session:
         self.base, self.runner, self.bar = base, runner, bar
         # (variant, rate, requests): None = the base scenario's length
         self.rows: dict[tuple[str, float, int | None], dict[str, Any]] = {}
+        self.nothing_served: list[str] = []  # runs where every request was rejected, and why
 
     def run(self, pairs: list[tuple[VariantSpec, float, int | None]]) -> list[dict[str, Any]]:
         keys = [(v.name, r, n) for v, r, n in pairs]
@@ -122,6 +124,8 @@ class _Session:
             for (name, rate, n), task, result in zip(todo, tasks, results, strict=True):
                 if "error" in result:
                     raise SweepError(f"variant {name!r} at {rate:g} req/s: {result['error']}")
+                if (why := nothing_served(result)) is not None:
+                    self.nothing_served.append(f"variant {name!r} at {rate:g} req/s: {why}")
                 # a variant may change the TP degree; a fleet has replicas x TP GPUs
                 dis = task.scenario.disaggregation  # or two pools of their own GPUs
                 gpus = (task.scenario.hardware.count * task.scenario.replicas if dis is None
@@ -146,6 +150,7 @@ class CompareResult:
     waste_rate: float
     probes: pd.DataFrame  # every run, bisection probes included
     reused: int = 0  # runs the point cache gave
+    nothing_served: tuple[str, ...] = ()  # runs where every request was rejected, and why
 
 
 def _load_sweep(session: _Session) -> list[float]:
@@ -201,7 +206,8 @@ def run_compare(base: Base, backend: Backend | None = None, progress: bool = Tru
     table = pd.DataFrame(swept)
     probes = pd.DataFrame(list(session.rows.values()))
     waste_rate = _waste_rate(table, base.spec.waste_rate)
-    return CompareResult(table, slo, waste_rate, probes, runner.reused)
+    return CompareResult(table, slo, waste_rate, probes, runner.reused,
+                         tuple(session.nothing_served))
 
 
 def write_compare(result: CompareResult, out_dir: Path, plots: bool = True) -> list[Path]:

@@ -123,6 +123,9 @@ def run_disaggregated(scenario: Scenario, base_dir: Path | None = None,
         per_pool[side] = {"replicas": pool_scn.replicas, "gpus": pool_scn.replicas
                           * pool_scn.hardware.count,
                           **{k: figures.get(k) for k in POOL_FIGURES}}
+    # a decode instance's queue is its own (landing -> admission), not the request's prefill
+    queued = percentiles_ms(stats.decode_queue_s)
+    per_pool["decode"].update(mean_queue_ms=queued["mean"], p99_queue_ms=queued["p99"])
     gap, transfer = percentiles_ms(stats.second_token_gap_s), percentiles_ms(stats.transfer_s)
     wait = percentiles_ms(stats.reservation_wait_s)
     summary["disaggregation"] = {

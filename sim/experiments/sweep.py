@@ -31,6 +31,7 @@ from sim.experiments.runner import (
     run_task,
     stream_digest,
 )
+from sim.results.files.report import nothing_served
 from sim.results.files.steady import window_columns
 
 if TYPE_CHECKING:
@@ -121,7 +122,8 @@ def sweep(path: str | Path, grid: dict[str, list[Any]], backend: Backend | None 
 
     `cache`: finished points are reused from it and added to it (sim.experiments.cache);
     the table's `attrs["reused"]` says how many came from it. `sets`: `--set KEY=VALUE`
-    overrides of the scenario, the same for every point (as `servesim run` takes them)."""
+    overrides of the scenario, the same for every point (as `servesim run` takes them).
+    `attrs["nothing_served"]`: each point where every request was rejected, and why."""
     from tqdm import tqdm
 
     backend = backend or Backend()
@@ -130,10 +132,12 @@ def sweep(path: str | Path, grid: dict[str, list[Any]], backend: Backend | None 
     with open_backend(backend, cache) as runner, tqdm(total=len(tasks), unit="run",
                                                        desc="sweep", disable=not progress) as bar:
         results = runner.run(tasks, bar)
-    rows = []
+    rows, empty = [], []
     for point, result in zip(points, results, strict=True):
         if "error" in result:
             raise SweepError(f"{result['error']} (grid point {point_label(point)})")
+        if (why := nothing_served(result)) is not None:
+            empty.append(f"grid point {point_label(point)}: {why}")
         row: dict[str, Any] = {k: _cell(v) for k, v in point.items()}
         row.update({m: result.get(m) for m in TABLE_METRICS})
         row.update(window_columns(result))
@@ -143,6 +147,7 @@ def sweep(path: str | Path, grid: dict[str, list[Any]], backend: Backend | None 
 
     table = pd.DataFrame(rows)
     table.attrs["reused"] = runner.reused
+    table.attrs["nothing_served"] = empty
     if plots and out_dir is not None:
         from sim.plots.compare import plot_sweep  # lazy: matplotlib only when plotting
 

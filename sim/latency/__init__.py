@@ -19,8 +19,10 @@ class LatencyModel(Protocol):
 
     name: str
 
-    def step_time(self, shape: StepShape) -> float:
-        """Seconds the step takes, from launch to tokens available."""
+    def step_time(self, shape: StepShape, moved_s: float = 0.0) -> float:
+        """Seconds the step takes, from launch to tokens available; `moved_s`: its
+        synchronous KV moves on idle links (sim.latency.kv_transfer.step_moves_s), which
+        the model adds where the GPU's stream is busy with them."""
         ...
 
     def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:

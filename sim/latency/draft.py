@@ -87,8 +87,8 @@ class SpeculativeLatency:
     def name(self) -> str:
         return f"{self.target.name} + {self.draft.name} draft"
 
-    def step_time(self, shape: StepShape) -> float:
-        return self.target.step_time(shape) + self.draft.draft_time_s(shape)
+    def step_time(self, shape: StepShape, moved_s: float = 0.0) -> float:
+        return self.target.step_time(shape, moved_s) + self.draft.draft_time_s(shape)
 
     def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
         return each_step_s(self.step_time, shape, steps)

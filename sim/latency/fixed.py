@@ -27,8 +27,9 @@ class FixedLatency:
         if not self.step_s > 0:
             raise ValueError(f"a fixed step time must be > 0 s, got {self.step_s}")
 
-    def step_time(self, shape: StepShape) -> float:
-        return self.step_s
+    def step_time(self, shape: StepShape, moved_s: float = 0.0) -> float:
+        """`step_s`, plus the step's synchronous KV moves (RooflineLatency.step_time)."""
+        return self.step_s + moved_s if moved_s else self.step_s
 
     def decode_run_s(self, shape: StepShape, steps: int) -> np.ndarray:
         """Each step of a decode run: `step_s`, whatever the context grows to."""

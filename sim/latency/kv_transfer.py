@@ -2,10 +2,11 @@
 
 Three things move KV between owners: swap preemption (GPU <-> host pool), prefill ->
 decode transfers of a disaggregated fleet, and the offload tiers' loads (host or disk ->
-GPU). The last two are `KVTransfer`s (sim.core.kv_transfer) priced here, over a `Link`
+GPU). All three are `KVTransfer`s (sim.core.kv_transfer) priced here, over a `Link`
 (sim.config.link), which the world (sim.world.link_sim) schedules where they share a
-link; swap is still priced inside the step by the latency models (its bytes over the
-host link, docs/kv_moves.md says why).
+link. A step's synchronous moves (swaps, sync tier loads) hold its GPU stream: the step
+costs `step_time(shape, moved_s)` with `moved_s = step_moves_s(...)`, their price on idle
+links, and the world adds whatever sharing a link made them late.
 
 Bytes: a transfer carries `tokens x kv_bytes_per_token(model, tp)` bytes per GPU, each
 GPU's shard over its own lane (the Link's bandwidth is one GPU's, per direction, as
@@ -22,14 +23,15 @@ finish times of a set of transfers exactly; the world advances the same law
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sim.config.costs import kv_bytes_per_token
 from sim.config.link import Link, transfer_s
 from sim.config.specs import ModelSpec
+from sim.core.kv_transfer import KVTransfer
 
 __all__ = ["drain", "kv_shard_bytes", "kv_transfer_s", "layerwise_remaining_bytes",
-           "next_finish_s", "shared_finish_s"]
+           "link_bytes", "next_finish_s", "shared_finish_s", "step_moves_s"]
 
 
 def kv_shard_bytes(model: ModelSpec, num_tokens: int, tp: int = 1) -> float:
@@ -42,6 +44,25 @@ def kv_transfer_s(link: Link, shard_bytes: float) -> float:
     """Seconds to move one shard of `shard_bytes` over an idle `link`: latency +
     bytes / bandwidth (a free link: its latency; nothing to move: 0)."""
     return transfer_s(link, shard_bytes)
+
+
+def link_bytes(moves: Sequence[KVTransfer]) -> dict[str, float]:
+    """Each link's bytes (one GPU's shard) among `moves`, in the order links first appear,
+    leaving out links that carry none: what a step's synchronous moves put on each link,
+    sent together as one transfer."""
+    out: dict[str, float] = {}
+    for move in moves:
+        if move.shard_bytes:
+            out[move.link] = out.get(move.link, 0) + move.shard_bytes
+    return out
+
+
+def step_moves_s(links: Mapping[str, Link], moves: Sequence[KVTransfer]) -> float:
+    """Seconds a step's synchronous KV moves take on idle links: each link carries its
+    moves' bytes together (latency + bytes / bandwidth: moves issued together on a fairly
+    shared link finish together), the links in parallel (the slowest). 0: no moves."""
+    return max((kv_transfer_s(links[name], shard_bytes)
+                for name, shard_bytes in link_bytes(moves).items()), default=0.0)
 
 
 def layerwise_remaining_bytes(shard_bytes: float, num_layers: int, overlap_s: float,

@@ -205,18 +205,21 @@ class DPEPGroupLatency:
         self._memo[key] = (a2a_s, experts_s)
         return a2a_s, experts_s
 
-    def lockstep(self, shapes: Sequence[StepShape | None]) -> tuple[float, list[float]]:
+    def lockstep(self, shapes: Sequence[StepShape | None],
+                 moved_s: Sequence[float] = ()) -> tuple[float, list[float]]:
         """(the step's seconds, each rank's own seconds): the slowest rank, then per MoE
         layer a dispatch, the slowest GPU's experts and a combine. A rank's shape None is
-        idle: it runs the dummy batch."""
+        idle: it runs the dummy batch. `moved_s`: each rank's synchronous KV moves on idle
+        links (RooflineLatency.step_time; empty: none)."""
         if len(shapes) != self.dp:
             raise ValueError(f"a step of {self.dp} ranks needs {self.dp} shapes, "
                              f"got {len(shapes)}")
         rank_time, params = self.rank.step_time, self.rank.fitted
         rank_s, rows, host_s = [], [], []
-        for shape in shapes:
+        for i, shape in enumerate(shapes):
             run = DUMMY_SHAPE if shape is None else shape
-            rank_s.append(rank_time(run))  # GPU and host, serially (the rank's roofline)
+            # GPU and host, serially (the rank's roofline)
+            rank_s.append(rank_time(run, moved_s[i]) if moved_s else rank_time(run))
             rows.append(shape_rows(run))
             host_s.append(cpu_overhead_s(len(run.prefill_chunk_tokens) + run.num_decodes,
                                          params))

@@ -25,9 +25,10 @@ routing_skew), in one fused launch per matrix; under expert parallelism (`ep`) e
 holds whole experts and a MoE layer's MLP all-reduce becomes an all-to-all (in
 `allreduce_s`).
 
-Swap preemption's KV transfers (StepShape.swap_*_tokens) go over the host link
-and are added to the step that carries them: kernels wait for swapped-in KV,
-and a swap-out must finish before its blocks are overwritten.
+A step's synchronous KV moves (swap preemption's copies, sync offload-tier loads) come
+in as `moved_s`, their price on idle links (sim.latency.kv_transfer.step_moves_s), and
+are added to the step that carries them: kernels wait for swapped-in or loaded KV, and
+a swap-out must finish before its blocks are overwritten.
 
 A speculative verify (StepShape.num_spec_tokens > 0) runs the target over
 1 + k_i positions of each drafting sequence: k_i more matmul rows, logits and
@@ -53,7 +54,6 @@ from sim.config.hardware import HardwareSpec
 from sim.config.link import Link
 from sim.config.specs import ModelSpec, check_ep, check_tp
 from sim.core.plan import StepShape
-from sim.latency.kv_transfer import kv_shard_bytes, kv_transfer_s
 from sim.latency.roofline_fits import RooflineParams, params_for
 from sim.latency.roofline_layers import Gemm, layer_groups, model_dims
 from sim.latency.roofline_parts import PricedGroup
@@ -71,7 +71,8 @@ from sim.latency.roofline_terms import (
 
 __all__ = ["PARTS", "RooflineLatency", "model_dims"]
 
-# What step_time adds up (breakdown's keys, besides swap_s and total_s).
+# What step_time adds up (breakdown's keys, besides total_s; a step's KV moves come in
+# as step_time's moved_s).
 PARTS = ("gemm_s", "small_s", "attention_s", "lm_head_s", "overhead_s", "allreduce_s")
 
 
@@ -220,21 +221,16 @@ class RooflineLatency(RooflineRuns):
         """Sampling's logit traffic for `seqs` sequences (part of lm_head_s)."""
         return sampling_s(self._dims, seqs, self._bytes_per_s, self._p)
 
-    def swap_time_s(self, shape: StepShape) -> float:
-        """Host-link seconds for the KV the step swaps out and in (one GPU's shard each):
-        one transfer over hardware.host_link, priced as every KV mover (sim.latency.kv_transfer)."""
-        slots = shape.swap_out_tokens + shape.swap_in_tokens
-        return kv_transfer_s(self.hardware.host_link,
-                             kv_shard_bytes(self.model, slots, self.tp)) if slots else 0.0
+    def step_time(self, shape: StepShape, moved_s: float = 0.0) -> float:
+        """Seconds for one step; an empty shape launches nothing and costs 0 (but its moves).
 
-    def step_time(self, shape: StepShape) -> float:
-        """Seconds for one step; an empty shape launches nothing and costs 0 (but swaps).
-
+        `moved_s`: the step's synchronous KV moves (swaps, sync tier loads) on idle links
+        (sim.latency.kv_transfer.step_moves_s): copies on the GPU's stream, so under async
+        scheduling they hide host work as kernels do.
         A plain-decode step (most steps) is the general sum with its context-free parts
         remembered (_decode_parts) and attention's law inlined, operation for operation."""
-        swapped = shape.swap_out_tokens + shape.swap_in_tokens
         n = shape.num_decodes
-        if n and not (shape.prefill_chunk_tokens or shape.num_spec_tokens or swapped
+        if n and not (shape.prefill_chunk_tokens or shape.num_spec_tokens or moved_s
                       or self._sliding_share):
             head, lm_head_s, cpu_s, collectives_s = self._decode_parts(shape)
             cost = self._decode_attention
@@ -248,11 +244,10 @@ class RooflineLatency(RooflineRuns):
                 return gpu_s + visible_host_s(cpu_s, gpu_s, self.host_serial_share)
             return head + attention + lm_head_s + cpu_s + collectives_s + 0.0
         parts = self._parts(shape)
-        swap_s = self.swap_time_s(shape) if swapped else 0.0
         if self.host_serial_share < 1.0 and parts:
-            gpu_s = sum(parts) - parts[4] + swap_s
+            gpu_s = sum(parts) - parts[4] + moved_s
             return gpu_s + visible_host_s(parts[4], gpu_s, self.host_serial_share)
-        return sum(parts) + swap_s
+        return sum(parts) + moved_s
 
     def output_lag_s(self, shape: StepShape) -> float:
         """How long after the step's GPU time its tokens leave the engine: under async
@@ -272,6 +267,5 @@ class RooflineLatency(RooflineRuns):
         if rows:
             parts.update(self._work(rows, decode[0] + prefill[0], decode[1] + prefill[1],
                                     logit_rows))
-        parts["swap_s"] = self.swap_time_s(shape)
         parts["total_s"] = self.step_time(shape)
         return parts

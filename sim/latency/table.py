@@ -163,15 +163,12 @@ def ramp_basis(rows: np.ndarray, knots_tokens: tuple[int, ...]) -> np.ndarray:
 class TableLatency:
     """The LatencyModel of a fitted calibration table.
 
-    `swap_s_per_token`: host-link seconds per KV token slot swapped out or in
-    (KV bytes per token over the host link bandwidth; 0 ignores swaps).
     `cpu_step_s` and `cpu_seq_s`: host time outside a device-time fit, per step
     and per sequence in it (an imported profile's CPU overhead).
     """
 
     fit: TableFit
     name: str = "table"
-    swap_s_per_token: float = 0.0
     cpu_step_s: float = 0.0
     cpu_seq_s: float = 0.0
     _knots: tuple[float, ...] = field(init=False, repr=False, compare=False)
@@ -184,7 +181,7 @@ class TableLatency:
     _verify_s: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("swap_s_per_token", "cpu_step_s", "cpu_seq_s"):
+        for name in ("cpu_step_s", "cpu_seq_s"):
             value = getattr(self, name)
             if not (np.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
@@ -231,13 +228,12 @@ class TableLatency:
             total = total + 0.0
         return total + 0.0 + 0.0 + 0.0 + self.cpu_step_s + self.cpu_seq_s * n
 
-    def step_time(self, shape: StepShape) -> float:
-        """Seconds for one step; an empty shape launches nothing and costs 0 (but swaps)."""
-        swapped = shape.swap_out_tokens + shape.swap_in_tokens
-        swap_s = swapped * self.swap_s_per_token if swapped else 0.0
+    def step_time(self, shape: StepShape, moved_s: float = 0.0) -> float:
+        """Seconds for one step; an empty shape launches nothing and costs 0 (but its moves).
+        `moved_s`: the step's synchronous KV moves on idle links (RooflineLatency.step_time)."""
         chunks, decodes = shape.prefill_chunk_tokens, shape.num_decodes
         if not chunks and not decodes:
-            return swap_s
+            return moved_s
         # step_features, inlined: this runs once per simulated step
         prefill_tokens, pairs = 0, 0.0
         for chunk, context in zip(chunks, shape.prefill_context_tokens):  # noqa: B905
@@ -261,4 +257,4 @@ class TableLatency:
         padded_s = self._padded_s * decode_padded_tokens(shape) if self._padded_s else 0.0
         idle_s = self._idle_s if not decodes else 0.0
         return (linear_s + a * pairs + b * decode_tokens + c * len(chunks) + d * decodes
-                + padded_s + idle_s + verify_s + swap_s + self.cpu_step_s + self.cpu_seq_s * seqs)
+                + padded_s + idle_s + verify_s + moved_s + self.cpu_step_s + self.cpu_seq_s * seqs)

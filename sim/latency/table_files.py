@@ -223,7 +223,7 @@ def load_table(directory: str | Path, expected_spec: ModelSpec | None = None,
 
 def open_table_latency(directory: str | Path, expected_spec: ModelSpec | None = None,
                        expected_block_size: int | None = None, tp: int = 1,
-                       swap_s_per_token: float = 0.0, cpu_step_ms: float | None = None,
+                       cpu_step_ms: float | None = None,
                        cpu_seq_ms: float | None = None) -> TableLatency:
     """`load_table` as a LatencyModel named table(<directory name>, <device name>); the CPU
     terms are the table's own unless given."""
@@ -232,4 +232,4 @@ def open_table_latency(directory: str | Path, expected_spec: ModelSpec | None = 
     meta = table.metadata
     step_ms = meta.cpu_step_ms if cpu_step_ms is None else cpu_step_ms
     seq_ms = meta.cpu_seq_ms if cpu_seq_ms is None else cpu_seq_ms
-    return TableLatency(table.fit, name, swap_s_per_token, step_ms / 1e3, seq_ms / 1e3)
+    return TableLatency(table.fit, name, step_ms / 1e3, seq_ms / 1e3)

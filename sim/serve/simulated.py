@@ -28,7 +28,7 @@ from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
 from sim.latency.draft import with_draft
-from sim.latency.kv_transfer import shared_finish_s
+from sim.latency.kv_transfer import kv_transfer_s, link_bytes, step_moves_s
 from sim.serve.api import Generation
 from sim.serve.stepper import StepDone
 from sim.text.base import Tokenizer
@@ -84,7 +84,9 @@ class SimulatedStepper:
         if plan is None:
             return None
         held = scheduler.kv_slots_held
-        duration_s = self.latency.step_time(plan.shape) + self._load_s()
+        moved_s = self._moved_s()
+        duration_s = (self.latency.step_time(plan.shape, moved_s) if moved_s
+                      else self.latency.step_time(plan.shape))
         end_s = start_s + duration_s
         wait_s = end_s - self.clock()
         if wait_s > 0:
@@ -98,23 +100,20 @@ class SimulatedStepper:
         return StepDone(start_s, duration_s, plan, finished, tokens, held,
                         None if self.speculate is None else result)
 
-    def _load_s(self) -> float:
-        """The step's synchronous tier loads (build_simulated refuses async ones): each link's
-        transfers issued together, sharing it (sim.latency.kv_transfer.shared_finish_s); the
-        step computes once the last has landed."""
+    def _moved_s(self) -> float:
+        """The step's synchronous KV moves (swaps, sync tier loads; build_simulated refuses
+        async ones) on idle links (sim.latency.kv_transfer.step_moves_s): nothing else is
+        in flight on them, so each lands then."""
         take = getattr(self.scheduler, "take_transfers", None)
         moves = take() if take is not None else ()
         if not moves:
             return 0.0
-        wait_s = 0.0
-        for name in dict.fromkeys(t.link for t in moves):
-            on_link = [t for t in moves if t.link == name]
-            done_s = shared_finish_s(self.links[name], [0.0] * len(on_link),
-                                     [t.shard_bytes for t in on_link])
-            for transfer, landed_s in zip(on_link, done_s, strict=True):
-                self.scheduler.kv_landed(transfer, landed_s)  # type: ignore[attr-defined]
-            wait_s = max(wait_s, *done_s)
-        return wait_s
+        for name, shard_bytes in link_bytes(moves).items():
+            landed_s = kv_transfer_s(self.links[name], shard_bytes)
+            for transfer in moves:
+                if transfer.link == name:
+                    self.scheduler.kv_landed(transfer, landed_s)  # type: ignore[attr-defined]
+        return step_moves_s(self.links, moves)
 
     def _tokens(self, plan: StepPlan, result: StepResult) -> list[tuple[int, int]]:
         """The passage's next tokens for every emitting sequence (1 + accepted drafts each);

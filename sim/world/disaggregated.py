@@ -56,6 +56,8 @@ class HandoffStats:
     transfer_s: list[float] = field(default_factory=list)
     second_token_gap_s: list[float] = field(default_factory=list)
     reservation_wait_s: list[float] = field(default_factory=list)
+    # landing -> the first decode step that runs the request: the decode pool's own queue
+    decode_queue_s: list[float] = field(default_factory=list)
     shard_bytes: float = 0.0
     link_busy_s: float = 0.0
     max_in_flight: int = 0
@@ -74,6 +76,7 @@ class _Moving:
     overlap_s: float
     ready_s: float = 0.0
     sent_s: float = 0.0
+    landed_s: float = 0.0
 
 
 @dataclass(eq=False)
@@ -162,6 +165,7 @@ class DisaggregatedFleet:
         moving = self._waiting.pop(rid)
         self.ledger.land(rid)
         self.stats.transfer_s.append(self.env.now - moving.sent_s)
+        moving.landed_s = self.env.now
         prefill = self.prefill[moving.prefill]
         assert prefill.kv is not None
         prefill.kv.free(_stand_in(rid))
@@ -192,6 +196,8 @@ class DisaggregatedFleet:
         """A request finished on a decode instance: record it once, with its prefill's times."""
         moving = self._moved.pop(request.request_id)
         self._second.pop(request.request_id, None)
+        if request.first_scheduled_s is not None:  # its decode instance's admission
+            self.stats.decode_queue_s.append(request.first_scheduled_s - moving.landed_s)
         request.first_scheduled_s = moving.first_scheduled_s
         request.prefix_hit_tokens = moving.prefix_hit_tokens
         request.num_preemptions += moving.num_preemptions

@@ -86,7 +86,7 @@ class Rank:
 
     def issue(self) -> tuple[KVTransfer, ...]:
         """Send the async KV moves the rank's last schedule() issued on its links; returns
-        the sync ones, which the group's step waits for (as a replica's, Replica._issue)."""
+        the sync ones, which the group's step sends as it starts (as a replica's)."""
         take = getattr(self.setup.scheduler, "take_transfers", None)
         moves = take() if take is not None else ()
         return self.links().issue(moves) if moves else ()
@@ -136,13 +136,13 @@ class DPGroup:
         ahead_sync = [no_moves] * len(ranks)  # the sync KV moves of each ahead plan
         while True:
             plans: list[StepPlan | None] = []
-            sync: list[tuple[Rank, tuple[KVTransfer, ...]]] = []  # each rank's, if any
-            for rank, a, moves in zip(ranks, ahead, ahead_sync, strict=True):
+            sync: list[tuple[int, tuple[KVTransfer, ...]]] = []  # each rank's, if any
+            for i, (rank, a, moves) in enumerate(zip(ranks, ahead, ahead_sync, strict=True)):
                 if a is None:
                     a, moves = rank.setup.scheduler.schedule(env.now), rank.issue()
                 plans.append(a)
                 if moves:
-                    sync.append((rank, moves))
+                    sync.append((i, moves))
             ahead = [None] * len(ranks)
             ahead_sync = [no_moves] * len(ranks)
             if all(p is None for p in plans):
@@ -151,12 +151,16 @@ class DPGroup:
             start_s = env.now
             held = [s.kv_slots_held for s in schedulers]
             shapes = [None if p is None else p.shape for p in plans]
-            duration_s, rank_s = latency.lockstep(shapes)
+            # each rank's sync KV moves (swaps, sync tier loads), priced in its own time
+            moving = [ranks[i].links().send_step(moves) for i, moves in sync]
+            if moving:
+                moved_s = [0.0] * len(ranks)
+                for (i, _moves), step in zip(sync, moving, strict=True):
+                    moved_s[i] = step.alone_s
+                duration_s, rank_s = latency.lockstep(shapes, moved_s)
+            else:
+                duration_s, rank_s = latency.lockstep(shapes)
             compute_s = duration_s
-            if sync:  # a rank's synchronous tier loads stall the group's step (an upper
-                # bound when the loading rank is not the slowest): all land, then it computes
-                yield env.all_of([e for rank, moves in sync for e in rank.links().send(moves)])
-                duration_s = compute_s + (env.now - start_s)
             admitted = [0] * len(ranks)
             for i, (rank, plan) in enumerate(zip(ranks, plans, strict=True)):
                 if plan is None:
@@ -169,6 +173,12 @@ class DPGroup:
                     admitted[i] -= schedulers[i].num_waiting
                     ahead_sync[i] = rank.issue()
             yield env.timeout(compute_s)
+            late_s = 0.0  # moves that shared a link landed late: the group waits (the most)
+            for step in moving:
+                late_s = max(late_s, (yield from step.late_s(env)))
+            if late_s:
+                duration_s = compute_s + late_s
+                yield env.timeout(max(0.0, start_s + duration_s - env.now))
             self.log.add(start_s, duration_s,
                          [0 if p is None else len(p.request_ids) for p in plans],
                          [0 if p is None else p.shape.num_tokens for p in plans], rank_s)

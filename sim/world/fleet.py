@@ -13,12 +13,13 @@ reach the fleet's recorder through a FleetLog, in step by step's order.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import simpy
 
 from sim.config.frontend import Frontend
+from sim.config.link import Link
 from sim.core.request import Request
 from sim.core.schedulers.base import Scheduler
 from sim.latency import LatencyModel
@@ -121,12 +122,14 @@ def simulate_fleet(requests: Iterable[Request], setups: Sequence[ReplicaSetup],
 def simulate(requests: Iterable[Request], scheduler: Scheduler, latency: LatencyModel,
              recorder: RunRecorder, on_done: Callable[[int], None] | None = None,
              observer: StepObserver | None = None, fast_forward: bool = True,
-             frontend: Frontend | None = None) -> float:
+             frontend: Frontend | None = None, links: Mapping[str, Link] | None = None
+             ) -> float:
     """Run one replica to completion; returns the simulated end time in seconds.
 
     `fast_forward=False` spends an event on every step (the oracle for the default);
-    `frontend`: see simulate_fleet."""
+    `frontend`: see simulate_fleet; `links`: what the scheduler's KV moves cross, by name
+    (sim.assemble.replica_links: swaps and tier loads need "host")."""
     setup = ReplicaSetup(scheduler, latency, recorder, observer=observer,
-                         fast_forward=fast_forward)
+                         fast_forward=fast_forward, links=links or {})
     # one replica never consults the router, so neither a router nor an rng is needed
     return simulate_fleet(requests, [setup], None, None, recorder, on_done, frontend)

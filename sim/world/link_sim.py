@@ -9,20 +9,34 @@ finish times equal `shared_finish_s` for the same issues (tests/test_kv_transfer
 A free link (`bandwidth: null`) delivers after its latency.
 
 `KVLinks` is one owner's links (a replica's host and disk links), each a SharedLink made
-when a transfer first names it: it sends a scheduler's KVTransfers (tier loads) and tells
-the owner when each landed, so concurrent loads on one link share its bandwidth.
+when a transfer first names it: it sends a scheduler's KVTransfers (swaps, tier loads) and
+tells the owner when each landed, so concurrent moves on one link share its bandwidth.
+An async move is sent alone when issued; a step's sync moves go as one transfer per link
+when the step starts (`send_step`), and the step, priced with their idle-link time
+(`StepMoves.alone_s`, which the latency model adds), ends later only by what sharing a
+link with other moves cost them (`StepMoves.late_s`): exactly 0 when they had the links
+to themselves, so a replica alone with its swaps runs as if no link were simulated.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import simpy
 
 from sim.config.link import Link
 from sim.core.kv_transfer import KVTransfer
-from sim.latency.kv_transfer import drain, next_finish_s
+from sim.latency.kv_transfer import drain, link_bytes, next_finish_s, step_moves_s
+
+
+class Arrival(simpy.Event):
+    """A transfer's arrival; `shared` once it has shared its link's bandwidth with another."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        super().__init__(env)
+        self.shared = False
 
 
 class SharedLink:
@@ -46,25 +60,30 @@ class SharedLink:
     def num_in_flight(self) -> int:
         return len(self._moving)
 
-    def send(self, shard_bytes: float) -> simpy.Event:
-        """Issue a transfer of `shard_bytes` now; the event fires when it has arrived."""
-        done = self.env.event()
+    def send(self, shard_bytes: float) -> Arrival:
+        """Issue a transfer of `shard_bytes` now; the event fires when it has arrived, with
+        whether it shared the bandwidth with another transfer on the way (`shared`)."""
+        done = Arrival(self.env)
         if not shard_bytes:
-            done.succeed()
+            done.succeed(False)
             return done
         self.env.process(self._transfer(float(shard_bytes), done))
         return done
 
-    def _transfer(self, shard_bytes: float, done: simpy.Event):  # noqa: ANN202
+    def _transfer(self, shard_bytes: float, done: Arrival):  # noqa: ANN202
         if self.link.latency_s:
             yield self.env.timeout(self.link.latency_s)
         if self.link.bandwidth_bytes_per_s is None:
             self.bytes_sent += shard_bytes
-            done.succeed()
+            done.succeed(False)
             return
         self._advance()
         if self._busy_since is None:
             self._busy_since = self.env.now
+        if self._moving:  # each now shares the bandwidth with another
+            done.shared = True
+            for entry in self._moving.values():
+                entry[1].shared = True
         self._moving[next(self._ids)] = [shard_bytes, done, shard_bytes]
         self._rearm()
 
@@ -102,7 +121,7 @@ class SharedLink:
         for key in [k for k, e in self._moving.items() if e[0] <= 0.0 or k == first]:
             _left, done, total = self._moving.pop(key)
             self.bytes_sent += total
-            done.succeed()
+            done.succeed(done.shared)
         self._rearm()
 
 
@@ -132,25 +151,61 @@ class KVLinks:
             shared = self._shared[name] = SharedLink(self.env, link)
         return shared
 
-    def send(self, transfers: Iterable[KVTransfer]) -> list[simpy.Event]:
-        """Issue `transfers` now, each on its link; returns the landings of the sync ones
-        (what a step waits for)."""
-        held = []
+    def send(self, transfers: Iterable[KVTransfer]) -> None:
+        """Issue `transfers` now, each on its link, alone (async moves: their requests wait)."""
         for transfer in transfers:
-            landing = self.env.process(self._move(transfer))
-            if transfer.sync:
-                held.append(landing)
-        return held
+            self._move((transfer,), transfer.shard_bytes, transfer.link)
 
     def issue(self, moves: Sequence[KVTransfer]) -> tuple[KVTransfer, ...]:
         """Send the async `moves` a schedule() issued now; return the sync ones, which the
-        plan's step sends as it starts and waits for (a replica's and a DP rank's rule)."""
+        plan's step sends as it starts (send_step) (a replica's and a DP rank's rule)."""
         sync = tuple(t for t in moves if t.sync)
         if len(sync) < len(moves):
             self.send(t for t in moves if not t.sync)
         return sync
 
-    def _move(self, transfer: KVTransfer):  # noqa: ANN202 - a SimPy process generator
+    def send_step(self, moves: Sequence[KVTransfer]) -> StepMoves:
+        """Send a step's sync `moves` now, each link's as one transfer of their bytes (the
+        step's copies go together), priced alone by sim.latency.kv_transfer.step_moves_s."""
+        arrivals = [self._move(tuple(t for t in moves if t.link == name), shard_bytes, name)
+                    for name, shard_bytes in link_bytes(moves).items()]
+        step = StepMoves(self.env.now, step_moves_s(self.links, moves), arrivals)
+        for arrival in arrivals:
+            arrival.callbacks.append(lambda _event: step.landed_s.append(self.env.now))
+        return step
+
+    def _move(self, transfers: tuple[KVTransfer, ...], shard_bytes: float, name: str
+              ) -> Arrival:
+        """One transfer of `shard_bytes` on link `name`, issued now; each of `transfers` is
+        reported landed with it. Returns the link's arrival event."""
         issued_s = self.env.now
-        yield self.link(transfer.link).send(transfer.shard_bytes)
-        self.landed(transfer, self.env.now - issued_s)
+        arrival = self.link(name).send(shard_bytes)
+
+        def report(_event: simpy.Event) -> None:
+            for transfer in transfers:
+                self.landed(transfer, self.env.now - issued_s)
+
+        arrival.callbacks.append(report)
+        return arrival
+
+
+@dataclass(slots=True)
+class StepMoves:
+    """A step's sync KV moves in flight: sent at `start_s`, `alone_s` on idle links (what
+    the step's price holds); one arrival per link, each `shared` once it has shared the
+    link's bandwidth with another transfer; `landed_s`: when each arrived."""
+
+    start_s: float
+    alone_s: float
+    arrivals: list[Arrival]
+    landed_s: list[float] = field(default_factory=list)
+
+    def late_s(self, env: simpy.Environment) -> Generator[simpy.Event, object, float]:
+        """At the step's priced end: how much later than `alone_s` after the start the last
+        move landed, waiting for those still moving, when any shared a link with other
+        transfers; 0.0 when none did (the step's price already holds them, to the bit)."""
+        if not any(arrival.shared for arrival in self.arrivals):
+            return 0.0
+        yield env.all_of(self.arrivals)
+        late_s = max(self.landed_s) - self.start_s - self.alone_s
+        return late_s if late_s > 0.0 else 0.0

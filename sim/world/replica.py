@@ -24,12 +24,13 @@ before any arrival that falls after their start. Arrivals
 during a step are queued at once (sim.world.fleet submits them) and seen at
 the next schedule(). Finished requests are handed to the recorders and
 dropped, so memory follows the requests in flight, not the requests done.
-The scheduler's KV moves (offload-tier loads, sim.core.kv_transfer) go on the
-replica's own shared links (sim.world.link_sim.KVLinks, one per link name), so loads in
-flight together share a link: an async load is sent when it is issued, and its landing
-is reported to the scheduler (kv_landed) and wakes the replica; a sync one is sent as
-its step starts, and the step computes once it has landed (its duration: the wait plus
-the latency model's time; the observer hears of the step after the wait). A
+The scheduler's KV moves (swap preemption's copies, offload-tier loads,
+sim.core.kv_transfer) go on the replica's own shared links (sim.world.link_sim.KVLinks,
+one per link name), so moves in flight together share a link: an async load is sent when
+it is issued, and its landing is reported to the scheduler (kv_landed) and wakes the
+replica; a step's sync moves are sent as it starts, the latency model prices the step
+with their idle-link time, and the step ends later only by what sharing a link made them
+late (the observer hears of the step's priced time, the recorders of its whole). A
 replica's optional observer (sim.observe.trace.StepObserver) sees each
 accepted arrival and each step just before it runs: the TTFT diagnosis and
 request tracing hang there. A fleet records each step and request twice: in
@@ -216,7 +217,7 @@ class Replica(ReplicaFastForward):
                ) -> tuple[KVTransfer, ...]:
         """Send the async KV moves the last schedule() issued on this replica's shared links
         (each landing reaches the scheduler, then wakes the replica); returns the sync ones,
-        which the plan's step sends as it starts and waits for."""
+        which the plan's step sends as it starts (KVLinks.send_step)."""
         moves = take() if take is not None else ()
         return self._links().issue(moves) if moves else ()
 
@@ -287,11 +288,13 @@ class Replica(ReplicaFastForward):
                 continue
             start_s = env.now
             held = scheduler.kv_slots_held  # while the step runs: before finishers free
-            duration_s = compute_s = step_time(plan.shape)
+            moving = None  # the step's sync KV moves (swaps, sync tier loads), if any
+            if sync:
+                moving = self._links().send_step(sync)
+                duration_s = compute_s = step_time(plan.shape, moving.alone_s)
+            else:
+                duration_s = compute_s = step_time(plan.shape)
             self._stepping = True
-            if sync:  # synchronous tier loads: the step computes once they have landed
-                yield env.all_of(self._links().send(sync))
-                duration_s = compute_s + (env.now - start_s)
             if observer is not None:
                 observer.on_step(start_s, duration_s, plan)
             admitted = 0  # async: queued requests the next plan took (see record_step)
@@ -301,6 +304,11 @@ class Replica(ReplicaFastForward):
                 admitted -= scheduler.num_waiting
                 ahead_sync = self._issue(take)
             yield env.timeout(compute_s)
+            if moving is not None:  # moves that shared a link landed late: the step waits
+                late_s = yield from moving.late_s(env)
+                if late_s:
+                    duration_s = compute_s + late_s
+                    yield env.timeout(max(0.0, start_s + duration_s - env.now))
             self._stepping = False
             result = SCRIPTED if speculate is None else speculate(plan)
             done_s = env.now + delivery_s

@@ -113,7 +113,8 @@ class ContinuousScheduler(ContinuousAdmission):
         # the pool's swap and naming calls, which only the paged pool has
         self._paged = kv if isinstance(kv, PagedBlockManager) else None
         self._prefix_cache = kv.enable_prefix_cache
-        self._swap_out_pending = 0  # slots swapped out, charged to the next plan built
+        # swap-outs (host-link KVTransfers) not yet charged to a plan: the next one built
+        self._swap_out_pending: list[KVTransfer] = []
         self.num_recomputed_tokens = 0  # computed tokens dropped by recompute preemption
         self.num_swap_fallbacks = 0  # swap preemptions that found the host pool full
         # read-only: the last admission stopped for lack of KV blocks (TTFT diagnosis)
@@ -401,8 +402,10 @@ class ContinuousScheduler(ContinuousAdmission):
         self._preempted_only = not step.size and bool(preempted)
         if not step.size:
             return None
-        if self._swap_out_pending:
-            step.swap_out_tokens, self._swap_out_pending = self._swap_out_pending, 0
+        if self._swap_out_pending:  # the step carries them: the world sends them with it
+            swapped = self._swap_out_pending
+            step.swap_out_tokens = sum(t.num_blocks for t in swapped) * self.kv.block_size
+            self._moves[:0], self._swap_out_pending = swapped, []
         padded = 0
         if self._graph_sizes and not step.chunk_tokens and step.spec is None:
             padded = padded_batch_size(step.size, self._graph_sizes)

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections import deque
 
 from sim.core.kv import KVManager, PagedBlockManager
-from sim.core.kv_transfer import KVTransfer
+from sim.core.kv_transfer import KVTransfer, swap_move
+from sim.core.offload_tier import TIER_NAMES
 from sim.core.plan import StepPlan
 from sim.core.request import Request, RequestState
 from sim.core.schedulers.limits import LengthLimits
@@ -48,7 +49,7 @@ class ContinuousAdmission:
     _swap: bool
     _paged: PagedBlockManager | None
     _prefix_cache: bool
-    _swap_out_pending: int
+    _swap_out_pending: list[KVTransfer]
     _blocked: tuple[Request, int] | None
     _spec: Speculation
     _batch: RunningBatch
@@ -132,6 +133,7 @@ class ContinuousAdmission:
                     self._blocked = (req, kv.num_free_blocks)
                     break
                 step.swap_in_tokens += moved * kv.block_size
+                self._moves.append(swap_move(rid, moved, paged.block_shard_bytes, swap_in=True))
             else:
                 hits = kv.allocate(rid, need, use_watermark=bool(running),
                                    reserve_tokens=self._reserve_tokens(req) if contiguous
@@ -224,7 +226,7 @@ class ContinuousAdmission:
         """The world: `transfer` landed after `in_flight_s` seconds on its link. An async
         load's request becomes admittable once all its loads have landed."""
         tiers = self._paged.offload if self._paged is not None else None
-        if tiers is not None:
+        if tiers is not None and transfer.src in TIER_NAMES:
             tiers.landed(in_flight_s)
         if transfer.sync:
             return
@@ -245,7 +247,8 @@ class ContinuousAdmission:
         if self._swap and self._paged is not None and self.running:
             moved = self._paged.swap_out(req.request_id)
             if moved >= 0:
-                self._swap_out_pending += moved * self.kv.block_size
+                self._swap_out_pending.append(swap_move(req.request_id, moved,
+                                                         self._paged.block_shard_bytes))
                 return
             self.num_swap_fallbacks += 1
         self.kv.free(req.request_id)

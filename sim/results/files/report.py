@@ -7,6 +7,7 @@ without pulling in the recording machinery.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -157,3 +158,18 @@ def _replica_lines(rows: Any, width: int) -> list[str]:
                      f"{num(r.get('mean_tpot_ms'), '.1f'):>8} "
                      f"{num(r.get('prefix_hit_rate'), '.0%'):>4}")
     return lines
+
+
+def nothing_served(summary: Mapping[str, Any]) -> str | None:
+    """Why no request finished, when none did, naming the commonest rejection reason:
+    `run` exits 2 on it, and `sweep` and `compare` on any point of theirs (after writing
+    their files), since such a point has no latency to report."""
+    if summary.get("completed") != 0:
+        return None
+    reasons = summary.get("rejection_reasons") or {}
+    rejected = summary.get("rejected", 0)
+    if not reasons:
+        return f"no request finished ({rejected} rejected)"
+    reason, count = max(reasons.items(), key=lambda item: item[1])
+    return (f"every request was rejected ({rejected}; {count} for: {reason}), so nothing "
+            "was served: fix the workload or the limits")

@@ -29,12 +29,14 @@ def kv_move_lines(summary: dict[str, Any], width: int) -> list[str]:
                      f" / {_num(dis['p99_second_token_gap_ms'], '.1f')}; decode reservation "
                      f"wait p99 {_num(dis['p99_decode_reservation_wait_ms'], '.1f')} ms")
         lines.append(f"{'pool':>8} {'inst':>5} {'GPUs':>5} {'batch':>7} {'KV tok held':>11} "
-                     f"{'KV blk':>8} {'steps':>8}")
+                     f"{'KV blk':>8} {'queue ms':>8} {'p99':>8} {'steps':>8}")
         for name, pool in dis["pools"].items():
             lines.append(f"{name:>8} {pool['replicas']:>5} {pool['gpus']:>5} "
                          f"{_num(pool.get('mean_batch_size'), '.2f'):>7} "
                          f"{_num(pool.get('mean_kv_slots_held'), '.0f'):>11} "
                          f"{_num(pool.get('kv_blocks_total'), 'd'):>8} "
+                         f"{_num(pool.get('mean_queue_ms'), '.1f'):>8} "
+                         f"{_num(pool.get('p99_queue_ms'), '.1f'):>8} "
                          f"{_num(pool.get('num_steps'), 'd'):>8}")
     offload = summary.get("kv_offload")
     if offload:
