@@ -88,7 +88,7 @@ def resimulate_setup(scenario: Scenario, base_dir: Path | None, steps: Sequence[
     speculate = latency.emitted if scenario.speculative.num_tokens else None
     # one recorded time per step, in order: the step-by-step world
     setup = ReplicaSetup(replica.scheduler, latency, recorder, replica.kv, speculate,
-                         fast_forward=False)
+                         fast_forward=False, links=replica.links)
     simulate_fleet(make_requests(scenario.workload, scenario.seed, base_dir), [setup], None,
                    None, recorder)
     if latency.unused:

@@ -18,9 +18,12 @@ from sim.core.plan import StepShape
 from sim.core.request import Request, RequestState
 from sim.core.schedulers import ContinuousScheduler
 from sim.experiments.run import run_scenario
+from sim.experiments.slots import record_slots
 from sim.latency.kv_transfer import kv_transfer_s, step_moves_s
 from sim.latency.roofline import RooflineLatency
 from sim.results.record.recorder import RunRecorder
+from sim.serve.fidelity import simulate_measured
+from sim.workload import make_requests
 from sim.world.fleet import simulate_fleet
 from sim.world.replica import ReplicaSetup
 
@@ -202,3 +205,19 @@ def test_swaps_share_the_host_link_with_tier_loads(seed: int) -> None:
         steps, preempted = _swapping_chat(seed, tier_blocks, link)
         assert preempted > 0 and any(moved for moved, _, _ in steps)
         assert all(took == priced for _, priced, took in steps)
+
+
+def test_every_one_replica_path_gives_swaps_their_host_link() -> None:
+    """`servesim serve`'s fidelity replay and the slot picture build their replica by hand:
+    each hands the scheduler's swaps the scenario's links (no 'host' link would fail)."""
+    scenario = Scenario.model_validate({
+        "name": "swap", "scheduler": {"preemption": "swap"}, "kv": {"num_blocks": 400},
+        "workload": {"arrivals": {"process": "poisson", "rate": 50.0}, "num_requests": 150,
+                     "prompt_tokens": {"dist": "uniform", "low": 200, "high": 900},
+                     "output_tokens": {"dist": "uniform", "low": 50, "high": 300}}})
+    summary = simulate_measured(scenario, list(make_requests(scenario.workload, scenario.seed)))
+    assert summary["completed"] == 150 and summary["swapped_out_bytes"] > 0
+    small = scenario.model_copy(update={"kv": scenario.kv.model_copy(
+        update={"num_blocks": 120})})  # 8 slots of prompts up to 900 tokens: swaps
+    assert record_slots(small, "continuous", slots=8, num_requests=30,
+                        mean_output_tokens=100.0) is not None

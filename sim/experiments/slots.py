@@ -13,7 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.assemble import build_block_manager, build_latency, build_scheduler, kv_budget
+from sim.assemble import (
+    build_block_manager,
+    build_latency,
+    build_scheduler,
+    kv_budget,
+    replica_links,
+)
 from sim.config.scenario import Scenario
 from sim.observe.slots import SlotRecorder
 from sim.results.record.recorder import RunRecorder
@@ -53,5 +59,5 @@ def record_slots(scenario: Scenario, policy: str, slots: int = 8, num_requests: 
     pool = build_block_manager(one, kv_budget(one))
     recorder = SlotRecorder(MAX_STEPS if max_steps is None else max_steps)
     simulate(requests, build_scheduler(one, pool), build_latency(one, base_dir), RunRecorder(),
-             observer=recorder)
+             observer=recorder, links=replica_links(one))
     return recorder

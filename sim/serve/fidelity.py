@@ -77,7 +77,7 @@ def simulate_measured(scenario: Scenario, requests: Sequence[Request],
     parts = build_replica(scenario, budget)
     latency = with_draft(scenario, build_latency(scenario, base_dir))
     recorder = RunRecorder()
-    simulate(requests, parts.scheduler, latency, recorder)
+    simulate(requests, parts.scheduler, latency, recorder, links=parts.links)
     return run_summary(scenario, budget, recorder, [parts], latency.name, 0.0, [recorder]) | {
         "_requests": recorder.requests_frame()}
 
