@@ -50,8 +50,9 @@ class StepShape(NamedTuple):
     decode_context_sum: int = 0  # sum over decodes of tokens in KV before the step
     decode_context_max: int = 0
     padded_batch: int = 0  # slots the kernels run over (>= batch_size; static pads)
-    # KV token slots (whole blocks) moved to / from the host pool by swap preemption;
-    # the transfer costs host-link time on top of the step's kernels
+    # KV token slots (whole blocks) moved to / from the host pool by swap preemption, as
+    # counts (summary.json's swapped bytes): the copies themselves are KVTransfers the
+    # scheduler issues (take_transfers) and the latency models price as moved_s
     swap_out_tokens: int = 0
     swap_in_tokens: int = 0
     # speculative decoding: decodes that verify k_i >= 1 draft tokens (part of num_decodes),
