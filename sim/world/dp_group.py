@@ -13,8 +13,10 @@ lockstep steps themselves (each rank's batch, tokens and own time) go to the gro
 LockstepLog (sim.world.dp_log), which the time series and summary read. Step by step,
 always: no decode run is fast-forwarded (the ranks' runs would have to end together).
 Under async scheduling each rank plans its next step as this one launches, as a replica
-does. Each rank's KV moves (offload-tier loads) go on its own shared links, as a
-replica's do; the lockstep step waits for every rank's sync loads, then computes.
+does. Each rank's KV moves (swaps, offload-tier loads) go on its own shared links, as a
+replica's do; a rank's sync moves are priced in its own time (the lockstep's slowest rank
+may be it), and a rank whose moves a shared link made late holds the whole step that long
+(an upper bound when that rank is not the slowest).
 Aborts are not modelled (the group serves the simulator, not `servesim serve`).
 """
 
